@@ -1,0 +1,5 @@
+import sys
+
+from bf16k.cli import main
+
+sys.exit(main())

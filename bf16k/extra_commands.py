@@ -1,0 +1,28 @@
+"""Commands beyond apply/export/check/status, registered on the CLI."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bf16k import project
+
+
+def _target(ns: argparse.Namespace) -> project.Target:
+    root = project.find_root(Path(ns.root) if ns.root else None)
+    return project.target(root, getattr(ns, "upstream", None))
+
+
+def cmd_build(ns: argparse.Namespace) -> int:
+    from bf16k import build
+
+    build.build(_target(ns), archs=ns.arch or None, cache=ns.cache)
+    return 0
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser("build", help="compile every CUDA kernel instantiation the bf16 path uses")
+    p.add_argument("--upstream", metavar="VERSION", help="build a carried release's tree")
+    p.add_argument("--arch", action="append", help="architecture from kernels/manifest.toml (repeatable)")
+    p.add_argument("--cache", type=Path, help="JIT cache folder (default build/jit-cache)")
+    p.set_defaults(func=cmd_build)

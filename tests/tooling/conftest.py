@@ -1,0 +1,110 @@
+"""Fixtures: a real product repository around the real pinned upstream (from the PyPI wheel)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from bf16k import gitutil, patches, pin as pinmod, upstream
+from bf16k.project import SUBMODULE_PATH, Target
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+INDEXER = "python/sglang/srt/layers/attention/dsv4/indexer.py"
+POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+
+
+@pytest.fixture(scope="session")
+def real_pin() -> pinmod.Pin:
+    return pinmod.load(REPO_ROOT / "pin.toml")
+
+
+@pytest.fixture(scope="session")
+def wheel_path(real_pin: pinmod.Pin) -> Path:
+    """The real pinned wheel (downloaded once into the bf16k cache, sha256-checked)."""
+    return upstream.fetch_wheel(real_pin)
+
+
+@pytest.fixture(scope="session")
+def base_repo(tmp_path_factory: pytest.TempPathFactory, wheel_path: Path, real_pin: pinmod.Pin) -> Path:
+    repo = tmp_path_factory.mktemp("base") / "upstream"
+    upstream.materialize_wheel(wheel_path, repo, real_pin)
+    return repo
+
+
+@dataclass
+class Product:
+    root: Path
+    target: Target
+
+    @property
+    def upstream(self) -> Path:
+        return self.root / SUBMODULE_PATH
+
+    def commit_patch(self, path: str, old: str | None, new: str, subject: str, body: str, trailers: str) -> None:
+        """Edit (or create, old=None) one upstream file and commit it as a patch commit."""
+        f = self.upstream / path
+        if old is None:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(new)
+        else:
+            text = f.read_text()
+            assert old in text, f"{old!r} not in {path}"
+            f.write_text(text.replace(old, new, 1))
+        gitutil.git(["add", "--", path], self.upstream)
+        msg = f"{subject}\n\n{body}\n\n{trailers}\n"
+        env = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.com",
+               "GIT_AUTHOR_DATE": "1700000000 +0000", "GIT_COMMITTER_DATE": "1700000000 +0000"}
+        gitutil.git(["commit", "-q", "-m", msg], self.upstream, env=env)
+
+
+WHY = (
+    "The fp8 index keys of the C4 indexer lose needle recall beyond a few thousand tokens, "
+    "so this change is needed to test the tooling on a real upstream file."
+)
+TRAILERS = "Forwarded: no\nLast-Update: 2026-11-29"
+
+
+@pytest.fixture
+def product(tmp_path: Path, base_repo: Path, real_pin: pinmod.Pin) -> Iterator[Product]:
+    """A product repo (pin, empty series, committed gitlink) with upstream already built from the wheel."""
+    root = tmp_path / "product"
+    (root / "series").mkdir(parents=True)
+    (root / "series" / "series").write_text("")
+    pin = pinmod.Pin(real_pin.version, real_pin.tag, real_pin.commit, real_pin.repository,
+                     pinmod.WheelPin(real_pin.wheel.filename, real_pin.wheel.sha256, real_pin.wheel.base_commit))
+    pinmod.save(pin, root / "pin.toml")
+    (root / ".gitmodules").write_text(
+        f'[submodule "{SUBMODULE_PATH}"]\n\tpath = {SUBMODULE_PATH}\n\turl = {pin.repository}\n'
+    )
+    gitutil.git(["init", "-q"], root)
+    gitutil.git(["update-index", "--add", "--cacheinfo", f"160000,{pin.commit},{SUBMODULE_PATH}"], root)
+    gitutil.git(["add", "pin.toml", "series", ".gitmodules"], root)
+    gitutil.git(["commit", "-q", "-m", "product"], root)
+    up = root / SUBMODULE_PATH
+    gitutil.git(["clone", "-q", "--shared", str(base_repo), str(up)], root)
+    base = gitutil.rev_parse(base_repo, "refs/heads/upstream-base")
+    gitutil.git(["branch", "-q", "-f", "upstream-base", base], up)
+    upstream.write_state(up, {"source": "wheel", "base": base, "version": pin.version})
+    prod = Product(root, Target(root, None))
+    patches.apply(prod.target)
+    yield prod
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def two_patch_product(product: Product) -> Product:
+    """The product with a two-patch series (one edit of a real upstream file, one new file), exported."""
+    product.commit_patch(
+        INDEXER, "FP8_DTYPE = ", "# bf16k test: marker line\nFP8_DTYPE = ",
+        "[DSV4] indexer: add a marker line", WHY, TRAILERS,
+    )
+    product.commit_patch(
+        "python/sglang/srt/layers/attention/dsv4/bf16k_probe.py", None, '"""probe module"""\nVALUE = 1\n',
+        "[DSV4] add a probe module", WHY, TRAILERS,
+    )
+    patches.export(product.target)
+    return product
