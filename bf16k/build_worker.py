@@ -1,0 +1,46 @@
+"""Build worker: compile a list of upstream JIT instantiations for one architecture.
+
+Runs in its own process with the patched upstream on PYTHONPATH; reads a JSON request on stdin
+and prints one JSON line with a result per kernel (compiler output included on failure).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from typing import Any
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.read())
+    major, minor = request["arch"]
+    from sglang.kernels.jit.utils.arch import override_jit_cuda_arch  # the patched upstream's loader
+
+    results: list[dict[str, Any]] = []
+    for kernel in request["kernels"]:
+        namespace: dict[str, Any] = {}
+        start = time.monotonic()
+        try:
+            exec("import torch", namespace)
+            for line in kernel["imports"]:
+                exec(line, namespace)
+            with override_jit_cuda_arch(major, minor):
+                module = eval(kernel["call"], namespace)
+            results.append({
+                "kernel": kernel["name"], "ok": module is not None, "loaded": bool(request["load"]),
+                "seconds": time.monotonic() - start, "message": "",
+            })  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - a compiler error must not hide the other kernels
+            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            results.append({
+                "kernel": kernel["name"], "ok": False, "loaded": False,
+                "seconds": time.monotonic() - start, "message": text[-6000:],
+            })  # fmt: skip
+    print(json.dumps({"results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
