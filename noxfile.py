@@ -61,3 +61,10 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     session.run("python", "-m", "bf16k", "apply")
     session.run("python", "-m", "pytest", *(session.posargs or ["tests"]))
+
+
+@nox.session(python=PYTHON, tags=["series", "ci"], default=False)
+def bisect(session: nox.Session) -> None:
+    """Apply each prefix of the series in a scratch clone: imports, byte-compiles, its tests pass."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "bf16k", "bisect", *session.posargs)

@@ -20,9 +20,21 @@ def cmd_build(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bisect(ns: argparse.Namespace) -> int:
+    from bf16k import bisect
+
+    bisect.report(bisect.run(_target(ns), run_tests=not ns.no_tests))
+    return 0
+
+
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("build", help="compile every CUDA kernel instantiation the bf16 path uses")
     p.add_argument("--upstream", metavar="VERSION", help="build a carried release's tree")
     p.add_argument("--arch", action="append", help="architecture from kernels/manifest.toml (repeatable)")
     p.add_argument("--cache", type=Path, help="JIT cache folder (default build/jit-cache)")
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("bisect", help="apply each prefix of the series and check it imports, compiles, passes")
+    p.add_argument("--upstream", metavar="VERSION")
+    p.add_argument("--no-tests", action="store_true", help="skip the series' own tests (import/compile only)")
+    p.set_defaults(func=cmd_bisect)
