@@ -5,6 +5,7 @@ Main job: `nox -s apply build`. Tests: `nox -s tests`. `nox -l` lists every sess
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import nox
@@ -52,6 +53,8 @@ def build(session: nox.Session) -> None:
     """Compile every CUDA kernel instantiation the bf16 path uses (local GPU, else sm_90a/100a/120a)."""
     # System site-packages: a deployment's own torch satisfies the pin instead of a new download.
     session.install("-e", ".[kernels-build]")
+    if subprocess.run([f"{session.bin}/python", "-c", "import torch"], capture_output=True).returncode:
+        session.install("torch==2.13.0")  # sglang 0.5.21's own pin
     session.run("python", "-m", "bf16k", "build", *session.posargs)
 
 

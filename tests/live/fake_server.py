@@ -1,0 +1,332 @@
+"""A small OpenAI-compatible server whose "model" has a known recall window, for testing the harness.
+
+The model reads the question's key (the last double-quoted string of the last user message),
+finds `key ... value` facts in the rendered prompt and answers with the values it can *see*: a
+fact is visible only if it lies in the first `recall_first` or the last `recall_last` tokens.
+So a test knows exactly where recall must break and can check that the harness reports it there.
+
+Also: a crude deterministic tokenizer (`chars_per_token` characters per token), SGLang-style
+`/v1/tokenize`, `/get_server_info` (with `dsv4_index_k_format`), context-length errors, silent
+truncation, delays, and a server that stops after N completions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+VALUE_RE = re.compile(
+    r"\b\d{7}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|\b[A-Z]{2,}-\d{4}-[A-Z]{2,}\b"
+)
+QUOTED_RE = re.compile(r'"([^"\n]{1,80})"')
+
+
+@dataclass
+class FakeConfig:
+    model: str = "fake-dsv4"
+    max_model_len: int = 40000
+    advertised_max_model_len: int | None = None  # what /v1/models and server info claim
+    recall_last: int | None = None  # None: sees everything
+    recall_first: int = 0
+    index_k_format: str | None = "bf16"  # None: the field is absent (an unpatched server)
+    tokenize: bool = True
+    truncate_to: int | None = None  # keep only the first N tokens, like --allow-auto-truncate
+    delay_s: float = 0.0
+    delay_from: int = 0  # completions served before the delay starts (the harness probes once first)
+    die_after: int | None = None  # shut down after serving this many completions
+    usage_in_stream: bool = True
+    chars_per_token: int = 4
+    corrupt_every: int | None = None  # every k-th completion gets its last character changed
+
+
+@dataclass
+class FakeState:
+    cfg: FakeConfig
+    log: list[dict[str, Any]] = field(default_factory=list)
+    served: int = 0
+    tokenize_calls: int = 0
+    inflight: int = 0
+    max_inflight: int = 0
+    server: uvicorn.Server | None = None
+
+
+def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool) -> str:
+    parts = ["<bos>"]
+    if tools:
+        parts.append("<tools>" + json.dumps(tools) + "</tools>")
+    for m in messages:
+        role = m.get("role", "user")
+        content = m.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts.append(f"<{role}>{content}")
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", {})
+            parts.append(f"<call>{fn.get('name', '')}{fn.get('arguments', '')}</call>")
+        parts.append(f"</{role}>")
+    parts.append("<assistant>")
+    if thinking:
+        parts.append("<think>")
+    return "".join(parts)
+
+
+def n_tokens(text: str, cpt: int) -> int:
+    return math.ceil(len(text) / cpt)
+
+
+def _visible(span: tuple[int, int], total_tokens: int, cfg: FakeConfig) -> bool:
+    first_tok, last_tok = span[0] // cfg.chars_per_token, (span[1] - 1) // cfg.chars_per_token
+    if last_tok < cfg.recall_first:
+        return True
+    if cfg.recall_last is None:
+        return True
+    return first_tok >= total_tokens - cfg.recall_last
+
+
+def answer(text: str, question: str, total_tokens: int, cfg: FakeConfig) -> str:
+    keys = QUOTED_RE.findall(question)
+    if not keys:
+        return "OK"
+    key = keys[-1]
+    values: list[str] = []
+    if key.endswith(".api_token"):  # config recall: [section] ... api_token = "value"
+        section = key[: -len(".api_token")]
+        start = 0
+        while (i := text.find(f"[{section}]", start)) >= 0:
+            start = i + 1
+            end = text.find("\n[", i + 1)
+            block = text[i : end if end >= 0 else len(text)]
+            m = re.search(r'api_token = "([^"]+)"', block)
+            if m and _visible((i, i + m.end()), total_tokens, cfg):
+                values.append(m.group(1))
+                break
+    else:
+        start = 0
+        while (i := text.find(key, start)) >= 0:
+            start = i + 1
+            after = text[i + len(key) : i + len(key) + 160]
+            cut = min((p for p in (after.find("\n"), after.find(". ")) if p >= 0), default=len(after))
+            m = VALUE_RE.search(after[:cut])
+            visible = m is not None and _visible((i, i + len(key) + m.end()), total_tokens, cfg)
+            if m is not None and visible and m.group(0) not in values:
+                values.append(m.group(0))
+    return ", ".join(values) if values else "I cannot find it."
+
+
+def make_app(state: FakeState) -> FastAPI:
+    app = FastAPI()
+    cfg = state.cfg
+
+    def advertised() -> int:
+        return cfg.advertised_max_model_len or cfg.max_model_len
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": cfg.model, "object": "model", "max_model_len": advertised()}],
+        }
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "version": "0.0.0-fake",
+            "model_path": f"/models/{cfg.model}",
+            "served_model_name": cfg.model,
+            "context_length": advertised(),
+            "max_total_num_tokens": 200000,
+            "page_size": 64,
+            "tp_size": 1,
+            "dp_size": 1,
+            "disable_radix_cache": False,
+            "launch_command": "fake_server",
+            "internal_states": [{"last_gen_throughput": 0.0}],
+        }
+        if cfg.index_k_format is not None:
+            info["dsv4_index_k_format"] = cfg.index_k_format
+        return info
+
+    async def tokenize(request: Request) -> JSONResponse:
+        if not cfg.tokenize:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        state.tokenize_calls += 1
+        body = await request.json()
+        thinking = bool((body.get("chat_template_kwargs") or {}).get("thinking"))
+        if body.get("messages") is not None:
+            text = render(body["messages"], body.get("tools"), thinking)
+        else:
+            text = str(body.get("prompt", ""))
+        n = n_tokens(text, cfg.chars_per_token)
+        return JSONResponse({"tokens": [], "count": n, "max_model_len": advertised()})
+
+    app.add_api_route("/v1/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        body = await request.json()
+        if body.get("model") != cfg.model:
+            return JSONResponse(
+                {
+                    "object": "error",
+                    "message": f"The model '{body.get('model')}' does not exist",
+                    "type": "NotFoundError",
+                    "param": "model",
+                    "code": 404,
+                },
+                status_code=404,
+            )
+        thinking = bool((body.get("chat_template_kwargs") or {}).get("thinking"))
+        messages = body["messages"]
+        text = render(messages, body.get("tools"), thinking)
+        n = n_tokens(text, cfg.chars_per_token)
+        max_tokens = int(body.get("max_tokens") or 64)
+        if cfg.truncate_to is not None and n > cfg.truncate_to:
+            text, n = text[: cfg.truncate_to * cfg.chars_per_token], cfg.truncate_to
+        elif n >= cfg.max_model_len or n + max_tokens > cfg.max_model_len:
+            return JSONResponse(
+                {
+                    "object": "error",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                    "message": f"The input ({n} tokens) is longer than the model's context length "
+                    f"({cfg.max_model_len} tokens).",
+                },
+                status_code=400,
+            )
+        question = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+        reply = answer(text, str(question), n, cfg)
+        finish = "stop"
+        if n_tokens(reply, cfg.chars_per_token) > max_tokens:
+            reply, finish = reply[: max_tokens * cfg.chars_per_token], "length"
+        completion = max(1, n_tokens(reply, cfg.chars_per_token))
+        usage = {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
+        state.log.append(
+            {
+                "model": body.get("model"),
+                "prompt_tokens": n,
+                "stream": bool(body.get("stream")),
+                "temperature": body.get("temperature"),
+                "top_p": body.get("top_p"),
+                "seed": body.get("seed"),
+                "max_tokens": max_tokens,
+                "chat_template_kwargs": body.get("chat_template_kwargs"),
+                "stream_options": body.get("stream_options"),
+                "answer": reply,
+                "tools": bool(body.get("tools")),
+                "first_message": messages[0].get("content", "")[:60],
+                "time": time.monotonic(),
+            }
+        )
+        state.inflight += 1
+        state.max_inflight = max(state.max_inflight, state.inflight)
+        try:
+            if cfg.delay_s and state.served >= cfg.delay_from:
+                await asyncio.sleep(cfg.delay_s)
+        finally:
+            state.inflight -= 1
+        state.served += 1
+        if cfg.corrupt_every and state.served % cfg.corrupt_every == 0 and reply[-1:].isalnum():
+            # A deterministic wrong last character: the "right code, last digit wrong" failure.
+            reply = reply[:-1] + ("0" if reply[-1] != "0" else "1")
+            state.log[-1]["answer"] = reply
+        if cfg.die_after is not None and state.served >= cfg.die_after and state.server is not None:
+            state.server.should_exit = True
+        cid, created = f"chatcmpl-{state.served}", int(time.time())
+        if not body.get("stream"):
+            return {
+                "id": cid,
+                "object": "chat.completion",
+                "created": created,
+                "model": cfg.model,
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": finish}
+                ],
+                "usage": usage,
+            }
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and cfg.usage_in_stream
+
+        async def events() -> Any:
+            def chunk(delta: dict[str, Any], fin: str | None = None) -> str:
+                doc = {
+                    "id": cid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": cfg.model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": fin}],
+                }
+                return f"data: {json.dumps(doc)}\n\n"
+
+            yield chunk({"role": "assistant", "content": ""})
+            for i in range(0, len(reply), 6):
+                yield chunk({"content": reply[i : i + 6]})
+            yield chunk({}, finish)
+            if include_usage:
+                doc = {
+                    "id": cid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": cfg.model,
+                    "choices": [],
+                    "usage": usage,
+                }
+                yield f"data: {json.dumps(doc)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+class FakeServer:
+    """Runs the app with uvicorn in a thread on 127.0.0.1 and a free port."""
+
+    def __init__(self, cfg: FakeConfig) -> None:
+        self.state = FakeState(cfg)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(make_app(self.state), log_level="error", lifespan="off", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.state.server = self.server
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def cfg(self) -> FakeConfig:
+        return self.state.cfg
+
+    def start(self) -> FakeServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,10 @@
+"""Live-server tier of `verify_recall`: long-context recall against any OpenAI-compatible SGLang.
+
+Run it as `python -m verify.live --server URL [--baseline URL] --out DIR`. It sends deterministic,
+exactly-sized needle prompts (sizes measured with the server's own tokenizer), scores the answers
+by exact match, and writes JSONL per request, a CSV summary, heatmaps and a markdown report.
+Why a live tier at all: the DeepSeek-V4 indexer selects *every* cached key below ~2K tokens, so
+only prompts well past that length can show an index-key precision or layout defect end to end.
+"""
+
+HARNESS_VERSION = "1"

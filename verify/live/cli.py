@@ -1,0 +1,253 @@
+"""Command line: `python -m verify.live --server URL [--baseline URL] --out DIR ...`.
+
+Exit codes: 0 the gate passed; 1 the gate failed (controls, truncation, or the longest length that
+passes at every depth is below --target-length); 2 the run could not start or stopped early
+(server down, wrong model, target beyond the server's context); 130 interrupted. Results measured
+before a failure are always on disk, and rerunning the same command resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import openai
+
+from verify.live import HARNESS_VERSION
+from verify.live.config import RunConfig
+from verify.live.corpus import CORPUS_VERSION
+from verify.live.grid import NUDGE_MODES, GridOptions
+from verify.live.probe import SetupError
+from verify.live.report import arm_labels, render_report
+from verify.live.runner import RunResult, run
+from verify.live.scenarios import SCENARIOS
+from verify.live.store import ResultStore
+from verify.live.summary import Evaluation, evaluate, write_ab_csv, write_summary_csv
+
+EXAMPLES = """examples:
+  # the patched server alone, default grid up to 64K, gate at the longest length it holds
+  python -m verify.live --server http://127.0.0.1:30000 --out verify/results/live/bf16
+  # A/B against an fp8 (unpatched) server on identical prompts, gate at 32K
+  python -m verify.live --server http://gpu1:30000 --baseline http://gpu2:30000 \\
+      --target-length 32768 --out verify/results/live/ab
+  # five-minute smoke run
+  python -m verify.live --server http://127.0.0.1:30000 --quick --out /tmp/quick
+"""
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
+    if any(not 0 <= v <= 100 for v in vals):
+        raise argparse.ArgumentTypeError("depths are percentages between 0 and 100")
+    return vals
+
+
+def _names(allowed: Sequence[str]):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> tuple[str, ...]:
+        vals = tuple(x.strip() for x in text.split(",") if x.strip())
+        bad = [v for v in vals if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(allowed)}")
+        return vals
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m verify.live",
+        description="Live-server long-context recall check for DeepSeek-V4 on SGLang (bf16 index keys).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("servers")
+    g.add_argument("--server", required=True, help="URL of the server under test (http://host:port)")
+    g.add_argument("--baseline", help="URL of a reference server; every prompt goes to both")
+    g.add_argument("--model", help="served model name (default: the server's first model)")
+    g.add_argument("--baseline-model", help="served model name on the baseline (default: same as --model)")
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+        help="bearer token, if the server wants one",
+    )
+    g = p.add_argument_group("plan")
+    g.add_argument(
+        "--out", type=Path, default=Path("build/verify/live"), help="results directory (resumable; default build/verify/live)"
+    )
+    g.add_argument(
+        "--quick",
+        action="store_true",
+        help="small grid (minutes), sweep up to 8,000 tokens, config recall to 12,000",
+    )
+    g.add_argument(
+        "--max-length",
+        type=int,
+        help="longest prompt to try; added to the sweep (default 65,536; quick 12,000)",
+    )
+    g.add_argument(
+        "--target-length",
+        type=int,
+        help="gate: every depth must pass up to this length (default: the longest length the server holds)",
+    )
+    g.add_argument(
+        "--scenarios",
+        type=_names(SCENARIOS),
+        default=SCENARIOS,
+        help=f"comma list from {','.join(SCENARIOS)}",
+    )
+    g.add_argument("--lengths", type=_ints, help="nominal lengths for every scenario (overrides the grid)")
+    g.add_argument("--depths", type=_floats, help="needle depths in percent (overrides the grid)")
+    g.add_argument(
+        "--nudge",
+        type=_names(NUDGE_MODES),
+        help="length nudges: residues (mod 4), pages (256-token boundaries), quick, none",
+    )
+    g.add_argument("--repeats", type=int, default=None, help="requests per cell (default 3; quick 2)")
+    g.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="in-flight requests of the concurrency pass (0: skip the pass)",
+    )
+    g.add_argument(
+        "--no-shared-prefix", action="store_true", help="skip the shared-prefix (radix cache) pass"
+    )
+    g.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="cells in flight in the other passes (default 1: clean timings)",
+    )
+    g = p.add_argument_group("requests")
+    g.add_argument("--seed", type=int, default=1234, help="haystack and sampling seed")
+    g.add_argument(
+        "--thinking", action="store_true", help="turn thinking on (chat_template_kwargs); default off"
+    )
+    g.add_argument(
+        "--max-tokens", type=int, help="completion budget for every request (default per scenario)"
+    )
+    g.add_argument("--no-stream", action="store_true", help="non-streaming requests (no time to first token)")
+    g.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    g.add_argument("--retries", type=int, default=2, help="retries on connection/server errors")
+    g.add_argument("--retry-wait", type=float, default=2.0, help="seconds before the first retry")
+    g.add_argument(
+        "--max-consecutive-errors", type=int, default=5, help="stop after this many failures in a row"
+    )
+    g.add_argument(
+        "--token-tolerance",
+        type=float,
+        default=0.01,
+        help="relative shortfall of prompt_tokens flagged as truncation",
+    )
+    g = p.add_argument_group("output")
+    g.add_argument(
+        "--save-prompts", action="store_true", help="write every prompt to DIR/prompts/<sha256>.json"
+    )
+    g.add_argument("--no-plots", action="store_true", help="skip the heatmap PNGs")
+    g.add_argument("--progress", choices=("auto", "on", "off"), default="auto", help="progress bar on stderr")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    grid = GridOptions(
+        quick=args.quick,
+        scenarios=tuple(args.scenarios),
+        lengths=args.lengths,
+        depths=args.depths,
+        max_length=args.max_length,
+        nudge=args.nudge,
+    )
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
+    return RunConfig(
+        out_dir=args.out,
+        server_url=args.server,
+        baseline_url=args.baseline,
+        model=args.model,
+        baseline_model=args.baseline_model,
+        api_key=args.api_key,
+        grid=grid,
+        target_length=args.target_length,
+        seed=args.seed,
+        thinking=args.thinking,
+        max_tokens=args.max_tokens,
+        stream=not args.no_stream,
+        repeats=max(1, repeats),
+        concurrency=max(0, args.concurrency),
+        shared_prefix=not args.no_shared_prefix,
+        parallel=max(1, args.parallel),
+        timeout_s=args.timeout,
+        retry_wait_s=args.retry_wait,
+        retries=max(0, args.retries),
+        max_consecutive_errors=max(1, args.max_consecutive_errors),
+        token_tolerance=args.token_tolerance,
+        save_prompts=args.save_prompts,
+        plots=not args.no_plots,
+        progress=args.progress,
+    )
+
+
+def write_outputs(cfg: RunConfig, result: RunResult) -> Evaluation:
+    """CSV, heatmaps and report from what is on disk (also after an early stop)."""
+    store = ResultStore(cfg.out_dir)
+    store.close()
+    records = store.records(result.planned_keys)
+    ev = evaluate(records, result.target_length, result.aborted)
+    write_summary_csv(cfg.out_dir / "summary.csv", ev.cells)
+    if ev.ab:
+        write_ab_csv(cfg.out_dir / "ab_deltas.csv", ev.ab)
+    images = []
+    if cfg.plots and ev.cells:
+        from verify.live.plots import heatmaps
+
+        images = heatmaps(ev.cells, cfg.out_dir / "heatmaps", arm_labels(result.profiles))
+    env_extra = {
+        "openai": openai.__version__,
+        "python": platform.python_version(),
+        "harness_version": HARNESS_VERSION,
+        "corpus_version": CORPUS_VERSION,
+    }
+    text = render_report(cfg, ev, result.profiles, result.counter_description, images, env_extra)
+    (cfg.out_dir / "report.md").write_text(text, encoding="utf-8")
+    return ev
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    try:
+        result = asyncio.run(run(cfg))
+    except SetupError as e:
+        print(f"verify.live: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            f"verify.live: interrupted; results so far are in {cfg.out_dir}/requests.jsonl "
+            "(rerun the same command to resume)",
+            file=sys.stderr,
+        )
+        return 130
+    ev = write_outputs(cfg, result)
+    for c in ev.checks:
+        mark = "ok  " if c.ok else "FAIL"
+        print(f"[{mark}] {'gate' if c.gate else 'info'}: {c.name}: {c.detail}", file=sys.stderr)
+    print(f"verify.live: report written to {cfg.out_dir / 'report.md'}", file=sys.stderr)
+    if result.aborted:
+        print(f"verify.live: error: {result.aborted}", file=sys.stderr)
+        return 2
+    print(f"verify.live: gate {'PASS' if ev.gate_ok else 'FAIL'}", file=sys.stderr)
+    return 0 if ev.gate_ok else 1

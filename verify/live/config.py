@@ -1,0 +1,45 @@
+"""Run settings, built once by the CLI and passed down explicitly (no module-level state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from verify.live.grid import GridOptions
+
+SERVER = "server"  # the arm under test (the bf16 index-K deployment)
+BASELINE = "baseline"  # the reference arm (e.g. the same model with fp8 index keys)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out_dir: Path
+    server_url: str
+    baseline_url: str | None = None
+    model: str | None = None
+    baseline_model: str | None = None
+    api_key: str = "EMPTY"
+    grid: GridOptions = field(default_factory=GridOptions)
+    target_length: int | None = None
+    seed: int = 1234
+    thinking: bool = False
+    max_tokens: int | None = None  # None: per-scenario defaults
+    stream: bool = True
+    repeats: int = 3  # requests per cell in all (1 = no repeat pass)
+    concurrency: int = 8  # in-flight requests of the concurrency pass; 0 skips the pass
+    shared_prefix: bool = True
+    parallel: int = 1  # cells in flight in the other passes (1 = clean sequential timing)
+    timeout_s: float = 600.0
+    retry_wait_s: float = 2.0
+    retries: int = 2
+    max_consecutive_errors: int = 5
+    token_tolerance: float = 0.01  # relative; prompt_tokens below this -> truncated
+    save_prompts: bool = False
+    plots: bool = True
+    progress: str = "auto"  # auto (on a terminal), on, off
+
+    def arms(self) -> list[tuple[str, str, str | None]]:
+        out: list[tuple[str, str, str | None]] = [(SERVER, self.server_url, self.model)]
+        if self.baseline_url:
+            out.append((BASELINE, self.baseline_url, self.baseline_model or self.model))
+        return out
