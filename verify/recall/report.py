@@ -1,0 +1,255 @@
+"""Outputs of a tier-2 run: results.json, results.csv, cells.csv, heatmap_<arm>.png, summary.md."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .gate import GateResult
+from .metrics import aggregate
+
+CSV_FIELDS = (
+    "source",
+    "arm",
+    "length_tokens",
+    "n_keys",
+    "seq_len",
+    "topk",
+    "k",
+    "kind",
+    "mode",
+    "margin",
+    "depth",
+    "residue",
+    "needle_pos",
+    "group",
+    "seq_id",
+    "row",
+    "recall_tie",
+    "recall_strict",
+    "mass",
+    "changed",
+    "needle_hit",
+    "oracle_needle_selected",
+    "oracle_margin_nonselected",
+    "oracle_margin_best_other",
+    "gated",
+    "agree_bf16",
+    "recall_tie_unq",
+    "q_quant_recall",
+)
+
+
+def _clean(obj: object) -> object:
+    """JSON has no NaN/inf: NaN -> null, +-inf -> "inf"/"-inf"."""
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return None
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def depth_label(d: object) -> str:
+    return "n/a" if d is None else f"{float(d) * 100:g}%"  # type: ignore[arg-type]
+
+
+def write_json(path: Path, payload: Mapping[str, object]) -> None:
+    path.write_text(json.dumps(_clean(dict(payload)), indent=1, sort_keys=False) + "\n")
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, object]], fields: Sequence[str]) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(fields), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in fields})
+
+
+def flat_cells(cells: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for c in cells:
+        row: dict[str, object] = {k: v for k, v in c.items() if not isinstance(v, dict)}
+        for m in ("recall_tie", "recall_strict", "mass"):
+            for stat in ("mean", "p1", "min"):
+                row[f"{m}_{stat}"] = c[m][stat]  # type: ignore[index]
+        out.append(row)
+    return out
+
+
+def heatmaps(out: Path, cells: Sequence[Mapping[str, object]], arms: Sequence[str]) -> list[str]:
+    """One PNG per arm: mean tie-aware recall per (length x depth), a panel per index_topk; cells
+    where a gated needle was missed are marked with a red x and the miss count. Without matplotlib
+    (the GPU machine may lack it) nothing is drawn: ``python -m verify.recall.report DIR`` draws
+    them later from results.json."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+
+    lengths = sorted({int(c["length_tokens"]) for c in cells})  # type: ignore[arg-type]
+    depths = sorted({c["depth"] for c in cells}, key=lambda d: -1.0 if d is None else float(d))  # type: ignore[arg-type]
+    topks = sorted({int(c["topk"]) for c in cells})  # type: ignore[arg-type]
+    means = [float(c["recall_tie"]["mean"]) for c in cells]  # type: ignore[index]
+    vmin = min([0.9] + [m for m in means if not math.isnan(m)])
+    vmin = math.floor(vmin * 100) / 100
+    files: list[str] = []
+    for arm in arms:
+        fig, axes = plt.subplots(
+            1, len(topks), figsize=(1.1 * len(depths) * len(topks) + 2.5, 0.45 * len(lengths) + 1.8), squeeze=False
+        )
+        im = None
+        for ax, topk in zip(axes[0], topks):
+            grid = [[math.nan] * len(depths) for _ in lengths]
+            miss = [[0] * len(depths) for _ in lengths]
+            for c in cells:
+                if c["arm"] != arm or int(c["topk"]) != topk:  # type: ignore[arg-type]
+                    continue
+                i = lengths.index(int(c["length_tokens"]))  # type: ignore[arg-type]
+                j = depths.index(c["depth"])
+                grid[i][j] = float(c["recall_tie"]["mean"])  # type: ignore[index]
+                miss[i][j] = int(c["gated_needles"]) - int(c["gated_hits"])  # type: ignore[arg-type]
+            im = ax.imshow(grid, vmin=vmin, vmax=1.0, cmap="viridis", aspect="auto")
+            for i in range(len(lengths)):
+                for j in range(len(depths)):
+                    v = grid[i][j]
+                    if not math.isnan(v):
+                        ax.text(j, i, f"{v:.4f}", ha="center", va="center", fontsize=6, color="w" if v < (vmin + 1) / 2 else "k")
+                    if miss[i][j]:
+                        ax.text(j, i + 0.3, f"x{miss[i][j]}", ha="center", va="center", fontsize=7, color="red")
+            ax.set_xticks(range(len(depths)), [depth_label(d) for d in depths], fontsize=7)
+            ax.set_yticks(range(len(lengths)), [f"{n:,}" for n in lengths], fontsize=7)
+            ax.set_xlabel("needle depth")
+            ax.set_ylabel("prompt tokens")
+            ax.set_title(f"{arm}: tie-aware recall, top-{topk}", fontsize=9)
+        if im is not None:
+            fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+        name = f"heatmap_{arm}.png"
+        fig.savefig(out / name, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        files.append(name)
+    return files
+
+
+def _fmt(x: object, nd: int = 4) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{float(x):.{nd}f}"  # type: ignore[arg-type]
+
+
+def summary_markdown(
+    meta: Mapping[str, object],
+    per_length: Sequence[Mapping[str, object]],
+    per_depth: Sequence[Mapping[str, object]],
+    arms: Sequence[str],
+    gate: GateResult,
+    diagnosis_line: str | None,
+    files: Sequence[str],
+    diagnosis_details: Sequence[str] = (),
+) -> str:
+    lines: list[str] = []
+    lines.append("# Indexer recall (tier 2)\n")
+    lines.append(
+        f"Backend `{meta['backend']}`, source `{meta['source']}`, seed {meta['seed']}, "
+        f"{meta['rows']} rows x {len(arms)} arms, {meta['elapsed_s']:.1f} s.\n"
+    )
+    lines.append(f"## Gate (bf16 vs fp8): **{'PASS' if gate.passed else 'FAIL'}**\n")
+    for c in gate.conditions:
+        lines.append(f"- {'ok' if c.passed else 'FAIL'} `{c.name}`: {c.detail}")
+        for f in c.failures[:10]:
+            lines.append(f"  - {json.dumps(_clean(f))}")
+        if len(c.failures) > 10:
+            lines.append(f"  - ... {len(c.failures) - 10} more (results.json)")
+    lines.append("")
+    if diagnosis_line:
+        lines.append("## Diagnosis\n")
+        lines.append(f"**{diagnosis_line}**\n")
+        lines.extend(diagnosis_details)
+        lines.append("\nNumbers per check are under `diagnosis` in results.json.\n")
+    topks = sorted({int(e["topk"]) for e in per_length})  # type: ignore[arg-type]
+    by = {(e["arm"], e["topk"], e["length_tokens"]): e for e in per_length}
+    for topk in topks:
+        lines.append(f"## Per length, index_topk={topk}\n")
+        lines.append("Tie-aware recall mean / p1 / min over rows; needles: hits/planted (gated hits/gated).\n")
+        head = "| tokens | keys | " + " | ".join(f"{a} recall" for a in arms) + " | loss bf16/fp8 | " + " | ".join(
+            f"{a} needles" for a in arms
+        ) + " |"
+        lines.append(head)
+        lines.append("|" + "---|" * (3 + 2 * len(arms)))
+        lengths = sorted({int(e["length_tokens"]) for e in per_length if int(e["topk"]) == topk})  # type: ignore[arg-type]
+        for n in lengths:
+            ents = [by.get((a, topk, n)) for a in arms]
+            first = next(e for e in ents if e is not None)
+            rec = " | ".join(
+                "-" if e is None else f"{_fmt(e['recall_tie']['mean'])} / {_fmt(e['recall_tie']['p1'])} / {_fmt(e['recall_tie']['min'])}"  # type: ignore[index]
+                for e in ents
+            )
+            lb, lf = by.get(("bf16", topk, n)), by.get(("fp8", topk, n))
+            ratio = "-"
+            if lb is not None and lf is not None:
+                ratio = f"{_fmt(lb['loss'], 5)} / {_fmt(lf['loss'], 5)}"
+            nd = " | ".join(
+                "-" if e is None else f"{e['needle_hits']}/{e['needles']} ({e['gated_hits']}/{e['gated_needles']})" for e in ents
+            )
+            keys = first.get("n_keys_max", "")
+            lines.append(f"| {n:,} | {keys} | {rec} | {ratio} | {nd} |")
+        lines.append("")
+    lines.append("## Per depth (all lengths), mean tie-aware recall\n")
+    depths = sorted({e["depth"] for e in per_depth}, key=lambda d: -1.0 if d is None else float(d))  # type: ignore[arg-type]
+    byd = {(e["arm"], e["topk"], e["depth"]): e for e in per_depth}
+    lines.append("| depth | " + " | ".join(f"{a} top-{t}" for t in topks for a in arms) + " |")
+    lines.append("|" + "---|" * (1 + len(arms) * len(topks)))
+    for d in depths:
+        vals = [byd.get((a, t, d)) for t in topks for a in arms]
+        lines.append(
+            f"| {depth_label(d)} | " + " | ".join("-" if e is None else _fmt(e["recall_tie"]["mean"]) for e in vals) + " |"  # type: ignore[index]
+        )
+    lines.append("")
+    lines.append("## Paths used\n")
+    for k, v in dict(meta.get("paths", {})).items():  # type: ignore[call-overload]
+        lines.append(f"- `{k}`: {v}")
+    lines.append("")
+    lines.append("Files: " + ", ".join(f"`{f}`" for f in files) + "\n")
+    return "\n".join(lines)
+
+
+def per_length_with_sizes(records: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+    per_length = aggregate(records, ["topk", "length_tokens"])
+    sizes: dict[int, int] = {}
+    for r in records:
+        n = int(r["length_tokens"])  # type: ignore[arg-type]
+        sizes[n] = max(sizes.get(n, 0), int(r["n_keys"]))  # type: ignore[arg-type]
+    for e in per_length:
+        e["n_keys_max"] = sizes.get(int(e["length_tokens"]), 0)  # type: ignore[arg-type]
+    return per_length
+
+
+def replot(out: Path) -> list[str]:
+    """Draw the heatmaps of a finished run from its results.json (cells and arms)."""
+    res = json.loads((out / "results.json").read_text())
+    return heatmaps(out, res["cells"], res["config"]["arms"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m verify.recall.report", description="redraw heatmap_<arm>.png from results.json")
+    ap.add_argument("out", type=Path)
+    files = replot(ap.parse_args(argv).out)
+    print("\n".join(files) if files else "matplotlib is not installed: no heatmaps drawn")
+    return 0 if files else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

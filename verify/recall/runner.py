@@ -1,0 +1,185 @@
+"""Tier 2 for one problem: store every arm's keys, score, select, compare with the oracle.
+
+Arms (``only key storage differs``: every arm and the oracle use the same production fp8 q):
+
+* ``bf16``: keys through the bf16 store, scored by the bf16 scorer (the series);
+* ``fp8``: keys through upstream's fp8 store, scored by the fp8 scorer (upstream default);
+* ``fp4sim``: keys through DeepSeek's fp4 QAT rounding, stored and scored as bf16 (noise floor);
+* ``fp8_emul`` (GPU only): the exact torch emulation of the fp8 path on the same inputs -- what a
+  correct fp8 path must reproduce; the diagnosis compares ``fp8`` against it.
+
+Oracle: fp32 scores of the unrounded keys with the dequantized fp8 q. A second oracle with the
+unquantized fp32 q is recorded for information (``*_unq`` fields).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from . import formats as F
+from .backend import Backend, EmulationBackend, torch_select
+from .generator import Problem
+from .metrics import row_metrics
+from .scoring import SlotKeys, grouped_row_logits
+
+ARM_FORMAT: dict[str, str] = {"bf16": "bf16", "fp8": "fp8", "fp4sim": "bf16", "fp8_emul": "fp8"}
+BASE_ARMS = ("bf16", "fp8", "fp4sim")
+ROW_FIELDS = (
+    "length_tokens",
+    "tokens",
+    "n_keys",
+    "seq_len",
+    "topk",
+    "k",
+    "kind",
+    "mode",
+    "margin",
+    "depth",
+    "residue",
+    "needle_pos",
+    "group",
+    "seq_id",
+)
+
+
+def arm_keys(arm: str, keys: torch.Tensor) -> torch.Tensor:
+    return F.fp4_sim(keys) if arm == "fp4sim" else keys
+
+
+def _ops(arm: str, backend: Backend, control: EmulationBackend | None) -> Backend:
+    if arm == "fp8_emul":
+        assert control is not None, "fp8_emul needs an emulation control backend"
+        return control
+    return backend
+
+
+def store_arms(
+    problem: Problem, backend: Backend, arms: Sequence[str], control: EmulationBackend | None
+) -> dict[str, torch.Tensor]:
+    pools: dict[str, torch.Tensor] = {}
+    slots = problem.written_slots
+    keys = problem.keys_ref[slots]
+    for arm in arms:
+        ops = _ops(arm, backend, control)
+        pool = ops.new_pool(ARM_FORMAT[arm], problem.num_pages)
+        ops.store(ARM_FORMAT[arm], pool, slots, arm_keys(arm, keys))
+        pools[arm] = pool
+    return pools
+
+
+def canary_intact(pool: torch.Tensor, canary_pages: torch.Tensor) -> bool:
+    return bool((pool[canary_pages] == 0).all())
+
+
+def batch_rows(problem: Problem, budget_bytes: int) -> list[torch.Tensor]:
+    """Row batches (rows of one query stay together where possible) within a memory budget."""
+    width = problem.page_table.shape[1] * F.PAGE_SLOTS
+    # ~1 KiB per logit position covers the torch fp8 fallback's gather (132 B + bf16 copy + bf16
+    # and fp32 per-head products are per *row*, 64 heads) -- the largest consumer.
+    per_row = max(1, width * 1024)
+    size = max(1, min(problem.num_rows, budget_bytes // per_row))
+    order = torch.argsort(problem.q_index.cpu(), stable=True)
+    return [order[i : i + size].to(problem.q_index.device) for i in range(0, problem.num_rows, size)]
+
+
+def run_problem(
+    problem: Problem,
+    backend: Backend,
+    arms: Sequence[str] = BASE_ARMS,
+    control: EmulationBackend | None = None,
+    budget_bytes: int = 1 << 30,
+    preset: dict[str, tuple[str, torch.Tensor]] | None = None,
+) -> dict[str, object]:
+    """Returns ``{"records": [...], "timing": {...}, "canary": {...}}``; one record per (row, arm).
+
+    ``preset`` maps extra arms to ready pools ``(format, pool)`` scored as they are (replay's
+    ``captured`` arm: the deployment's own bytes)."""
+    assert problem.q_fp8 is not None and problem.w is not None
+    preset = preset or {}
+    fmt_of = {**ARM_FORMAT, **{a: fmt for a, (fmt, _) in preset.items()}}
+    t0 = time.perf_counter()
+    pools = store_arms(problem, backend, [a for a in arms if a not in preset], control)
+    pools.update({a: pool for a, (_, pool) in preset.items() if a in arms})
+    sync(problem.keys_ref.device)
+    t_store = time.perf_counter() - t0
+    canary = {arm: canary_intact(p, problem.canary_pages) for arm, p in pools.items()}
+
+    ref = SlotKeys(problem.keys_ref, None, "fp32")
+    q_deq = problem.q_fp8.float()
+    qi = problem.queries
+    has_unq = qi.q_rot is not None and qi.w_raw is not None
+    w_unq = qi.w_raw.float() * qi.weight_scale if has_unq else None  # type: ignore[union-attr]
+    records: list[dict[str, object]] = []
+    t_score = 0.0
+    t_oracle = 0.0
+    for rows in batch_rows(problem, budget_bytes):
+        qidx = problem.q_index[rows]
+        seq = problem.seq_lens[rows]
+        pt = problem.page_table[rows]
+        t1 = time.perf_counter()
+        oracle = grouped_row_logits(ref, q_deq, problem.w, qidx, pt, seq)
+        oracle_unq = grouped_row_logits(ref, qi.q_rot, w_unq, qidx, pt, seq) if has_unq else None  # type: ignore[arg-type]
+        sync(oracle.device)
+        t_oracle += time.perf_counter() - t1
+        t1 = time.perf_counter()
+        logits = {
+            arm: _ops(arm, backend, control).score(fmt_of[arm], pools[arm], problem.q_fp8, problem.w, qidx, seq, pt)
+            for arm in arms
+        }
+        sync(oracle.device)
+        t_score += time.perf_counter() - t1
+        topks = problem.topk[rows]
+        for topk in sorted(set(topks.tolist())):
+            sub = (topks == topk).nonzero(as_tuple=True)[0]
+            r_ids = rows[sub]
+            o_sub = oracle[sub]
+            needle = problem.needle_pos[r_ids]
+            sels = {
+                arm: _ops(arm, backend, control).select(logits[arm][sub], seq[sub], pt[sub], topk) for arm in arms
+            }
+            q_quant = None
+            if oracle_unq is not None:
+                o_sel = torch_select(o_sub, seq[sub], topk)
+                q_quant = row_metrics(oracle_unq[sub], seq[sub], topk, o_sel)["recall_tie"]
+            bf16_sel = sels.get("bf16")
+            for arm in arms:
+                m = row_metrics(o_sub, seq[sub], topk, sels[arm], needle)
+                if oracle_unq is not None:
+                    m["recall_tie_unq"] = row_metrics(oracle_unq[sub], seq[sub], topk, sels[arm])["recall_tie"]
+                    m["q_quant_recall"] = q_quant  # type: ignore[assignment]
+                if bf16_sel is not None:
+                    m["agree_bf16"] = _agreement(sels[arm], bf16_sel, m["k"])
+                cols = {name: t.detach().cpu().tolist() for name, t in m.items() if t is not None}
+                for j, r in enumerate(r_ids.tolist()):
+                    meta = problem.rows[r]
+                    rec: dict[str, object] = {f: meta.get(f) for f in ROW_FIELDS}
+                    rec["row"] = r
+                    rec["arm"] = arm
+                    rec["source"] = problem.source
+                    for name, vals in cols.items():
+                        rec[name] = vals[j]
+                    records.append(rec)
+    return {
+        "records": records,
+        "timing": {"store_s": t_store, "oracle_s": t_oracle, "score_select_s": t_score},
+        "canary": canary,
+    }
+
+
+def _agreement(a: torch.Tensor, b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """|A & B| / k for two selections ``[B, K]`` (-1 padded)."""
+    width = int(max(a.max().item(), b.max().item(), 0)) + 1
+    ma = torch.zeros(a.shape[0], width + 1, dtype=torch.bool, device=a.device)
+    mb = torch.zeros_like(ma)
+    ma.scatter_(1, a.clamp(min=-1) + 1, True)
+    mb.scatter_(1, b.clamp(min=-1) + 1, True)
+    both = (ma & mb)[:, 1:].sum(1).float()
+    return both / k.clamp(min=1)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
