@@ -1,0 +1,305 @@
+"""CPU tests of the read-parity suite's and read bench's pure-torch pieces, plus the two Triton
+kernels under the interpreter: the oracle, calc_diff, the fp8 page packing of the twin against
+upstream's own fp8 reader and layout, the naive gather, and (interpreted) the patched bf16
+kernel and the fp8 twin at small sizes.
+
+Needs the patched upstream on the path:
+    PYTHONPATH=/work/main:<patched tree>/python python -m pytest tests/parity/test_read_reference.py
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Before any Triton kernel module is imported: triton.jit reads it at decoration time.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from verify.bench import fp8_twin
+from verify.parity.read_reference import (
+    FP8_PAGE_BYTES,
+    PAGE,
+    ReadCase,
+    calc_diff,
+    causal_lengths,
+    gather_peak_bytes,
+    make_read_case,
+    naive_gather_logits,
+    oracle_logits,
+    pack_fp8_pages,
+    unpack_fp8_pages,
+)
+from verify.parity.upstream_read import (
+    UpstreamMissing,
+    load_bf16_kernel_module,
+    load_upstream_fp8_torch_reader,
+)
+
+LENGTHS = [1, 63, 64, 65, 200]
+
+
+def _brute_force(case: ReadCase, keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Element by element, no page-table vectorisation: an independent check of the oracle."""
+    keys = case.pool if keys is None else keys
+    out = torch.full((case.rows, case.max_seq_len), float("-inf"))
+    for r in range(case.rows):
+        q = case.q[r, 0].double()
+        for j in range(int(case.seq_lens[r])):
+            page = int(case.page_table[r, j // PAGE])
+            k = keys[page, j % PAGE].double()
+            out[r, j] = float(((q @ k).clamp_min(0) * case.weights[r].double()).sum())
+    return out
+
+
+def _upstream(fn_name: str):  # type: ignore[no-untyped-def]
+    try:
+        return {"kernel": load_bf16_kernel_module, "fp8": load_upstream_fp8_torch_reader}[fn_name]()[0]
+    except UpstreamMissing as error:
+        pytest.skip(str(error))
+
+
+# ------------------------------------------------------------------ pure torch
+
+
+def test_calc_diff() -> None:
+    x = torch.tensor([1.0, -2.0, 3.0])
+    assert calc_diff(x, x) == pytest.approx(0.0, abs=1e-15)
+    assert calc_diff(x, -x) == pytest.approx(2.0)
+    assert calc_diff(x, torch.zeros(3)) == pytest.approx(1.0)
+    assert calc_diff(torch.zeros(0), torch.zeros(0)) == 0.0
+    y = x * (1 + 1e-3)
+    # 1 - 2a/(1 + a^2) = (1 - a)^2 / (1 + a^2) ~ 5e-7 for a = 1.001
+    assert calc_diff(x, y) == pytest.approx(1e-6 / 2.002, rel=1e-3)
+
+
+def test_make_read_case_layout() -> None:
+    case = make_read_case(LENGTHS + [0], seed=3)
+    assert case.q.shape == (6, 1, 64, 128) and case.q.dtype == torch.float8_e4m3fn
+    assert case.pool.dtype == torch.bfloat16 and case.pool.shape[1:] == (64, 128)
+    assert case.max_seq_len == case.page_table.shape[1] * PAGE
+    used = []
+    for r, n in enumerate(LENGTHS + [0]):
+        pages = -(-n // PAGE)
+        row = case.page_table[r]
+        used += row[:pages].tolist()
+        assert torch.all(row[pages:] == case.poison_page)
+    assert len(used) == len(set(used)), "decode rows must own distinct pages"
+    assert case.poison_page not in used
+    assert torch.isnan(case.pool[case.poison_page].float()).all()
+    assert not torch.isnan(case.pool[used].float()).any()
+    assert case.pool_bytes().shape == (case.pool.shape[0], 64 * 256)
+    assert case.key_bytes() == sum(LENGTHS) * 256
+
+
+def test_shared_table_and_causal_lengths() -> None:
+    lens = causal_lengths(16, 10)
+    assert lens == [max(1, (p + 1) // 4) for p in range(24, 40)] and lens[-1] == 10
+    assert causal_lengths(8, 1) == [1, 1, 1, 1]
+    case = make_read_case(lens, shared_table=True, seed=1)
+    assert torch.all(case.page_table == case.page_table[0])
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_oracle_matches_brute_force(q_dtype: torch.dtype) -> None:
+    case = make_read_case([1, 65, 130], heads=32, q_dtype=q_dtype, seed=2)
+    ref = oracle_logits(case.q, case.pool, case.weights, case.seq_lens, case.page_table, case.max_seq_len)
+    brute = _brute_force(case)
+    assert torch.equal(torch.isfinite(ref), torch.isfinite(brute))
+    finite = torch.isfinite(brute)
+    assert torch.allclose(ref[finite], brute[finite], rtol=1e-6, atol=1e-5)
+    assert not torch.isnan(ref).any()
+
+
+def test_oracle_key_chunks_and_narrow_width() -> None:
+    case = make_read_case([200, 7], seed=4)
+    a = oracle_logits(case.q, case.pool, case.weights, case.seq_lens, case.page_table, case.max_seq_len)
+    b = oracle_logits(case.q, case.pool, case.weights, case.seq_lens, case.page_table, case.max_seq_len, 37)
+    assert torch.equal(a, b)
+    c = oracle_logits(case.q, case.pool, case.weights, case.seq_lens, case.page_table, 100)
+    assert torch.equal(c, a[:, :100])
+
+
+def test_fp8_packing_layout() -> None:
+    g = torch.Generator().manual_seed(0)
+    keys = (torch.randn((3, PAGE, 128), generator=g) * 4).to(torch.bfloat16)
+    keys[1, 5] = 0  # the scale floor keeps an all-zero key finite
+    buf, deq = pack_fp8_pages(keys)
+    assert buf.shape == (3, FP8_PAGE_BYTES) and buf.dtype == torch.uint8
+    values, scales = unpack_fp8_pages(buf)
+    amax = keys.float().abs().amax(-1)
+    assert torch.allclose(scales, amax.clamp_min(1e-4) / 448.0)
+    # Key (page 2, slot 9) sits at byte 9 * 128 of page 2; its scale at 64 * 128 + 9 * 4.
+    raw_key = buf[2, 9 * 128 : 10 * 128].view(torch.float8_e4m3fn).float()
+    raw_scale = buf[2, 64 * 128 + 36 : 64 * 128 + 40].view(torch.float32)
+    assert torch.equal(raw_key, values[2, 9].float()) and torch.equal(raw_scale, scales[2, 9:10])
+    assert torch.equal(deq, values.float() * scales[..., None])
+    assert values.float().abs().max() <= 448
+    err = (deq - keys.float()).abs() / amax.clamp_min(1e-4)[..., None]
+    assert err.max() < 2**-3  # e4m3 keeps 3 mantissa bits
+
+
+def test_fp8_packing_against_upstream_reader() -> None:
+    """Upstream's own torch fp8 reader, run on pages packed here, equals the oracle on the
+    dequantized keys: the twin's input layout is upstream's layout."""
+    reader = _upstream("fp8")
+    case = make_read_case(LENGTHS, seed=5)
+    keys = case.pool.clone()
+    keys[case.poison_page] = 0  # upstream's reader gathers padding pages too
+    buf, deq = pack_fp8_pages(keys)
+    got = reader(
+        case.q,
+        buf.view(-1, PAGE, 1, 132),
+        case.weights,
+        case.seq_lens,
+        case.page_table,
+        None,
+        case.max_seq_len,
+        False,
+    )
+    ref = oracle_logits(case.q, deq, case.weights, case.seq_lens, case.page_table, case.max_seq_len)
+    finite = torch.isfinite(ref)
+    assert torch.all(got[~finite] == 0)  # upstream masks with 0, not -inf
+    # Upstream multiplies in bf16 (output rounded to 8 bits): DeepGEMM's bf16-oracle bound.
+    assert calc_diff(got[finite], ref[finite]) < 1e-3
+    assert calc_diff(got[finite], ref[finite]) < 1e-4
+
+
+def test_naive_gather_matches_oracle() -> None:
+    case = make_read_case(LENGTHS, q_dtype=torch.bfloat16, seed=6)
+    keys = case.pool.clone()
+    keys[case.poison_page] = 0  # the gather reads padding pages (then masks them)
+    got = naive_gather_logits(case.q, keys, case.weights, case.seq_lens, case.page_table, case.max_seq_len)
+    ref = oracle_logits(case.q, keys, case.weights, case.seq_lens, case.page_table, case.max_seq_len)
+    assert torch.equal(torch.isfinite(got), torch.isfinite(ref))
+    finite = torch.isfinite(ref)
+    assert calc_diff(got[finite], ref[finite]) < 1e-4
+    narrow = naive_gather_logits(case.q, keys, case.weights, case.seq_lens, case.page_table, 70)
+    assert torch.equal(narrow, got[:, :70])
+    assert gather_peak_bytes(2, 3, 64) == 2 * 3 * 64 * (256 + 128 + 256 + 4)
+
+
+# ------------------------------------------------------- Triton, interpreted
+
+requires_interpreter = pytest.mark.skipif(
+    not fp8_twin.INTERPRETED, reason="interpreted kernel tests need TRITON_INTERPRET=1 (CPU)"
+)
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert not torch.isnan(out).any()
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(out), finite)
+    assert calc_diff(out[finite], ref[finite]) <= 5e-6
+
+
+@requires_interpreter
+@pytest.mark.parametrize("swap_ab", [True, False])
+def test_fp8_twin_matches_dequantized_oracle(swap_ab: bool) -> None:
+    case = make_read_case(LENGTHS + [0], seed=7)
+    buf, deq = pack_fp8_pages(case.pool)  # the poison page stays NaN: must never be read
+    cfg = fp8_twin.TwinConfig(block_n=64, split_n=128, swap_ab=swap_ab)
+    out = fp8_twin.fp8_paged_mqa_logits_twin(
+        case.q, buf, case.weights, case.seq_lens, case.page_table, None, case.max_seq_len, config=cfg
+    )
+    ref = oracle_logits(case.q, deq, case.weights, case.seq_lens, case.page_table, case.max_seq_len)
+    _check(out, ref)
+
+
+@requires_interpreter
+def test_bf16_kernel_matches_oracle() -> None:
+    module = _upstream("kernel")
+    if not getattr(module, "_INTERPRETED", False):
+        pytest.skip("kernel module was imported before TRITON_INTERPRET=1 was set")
+    case = make_read_case(LENGTHS, seed=8)
+    out = module.bf16_paged_mqa_logits(
+        case.q, case.pool_view(), case.weights, case.seq_lens, case.page_table, None, case.max_seq_len
+    )
+    ref = oracle_logits(case.q, case.pool, case.weights, case.seq_lens, case.page_table, case.max_seq_len)
+    _check(out, ref)
+
+
+# ------------------------------------------------------------- suite drivers
+
+
+def test_bench_shapes_and_report(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from verify.bench import read as bench
+
+    shapes = bench.shapes_for("quick", ["decode", "prefill"])
+    assert bench.Shape("decode", 8, 8192) in shapes and any(s.mode == "prefill" for s in shapes)
+    prefill = bench.Shape("prefill", 8192, 2048)
+    assert prefill.lengths()[0] == 1 and prefill.lengths()[-1] == 2048 and len(prefill.lengths()) == 8192
+    assert prefill.pool_pages() == 33 and bench.Shape("decode", 4, 128).pool_pages() == 9
+
+    cfg = {"block_n": 128, "split_n": 0, "swap_ab": True, "num_warps": 4, "num_stages": 3}
+    ok = bench.ShapeResult(
+        shape={"mode": "decode", "rows": 64, "keys": 131072},
+        key_bytes_bf16=64 * 131072 * 256,
+        key_bytes_fp8=64 * 131072 * 132,
+        unique_key_bytes_bf16=64 * 131072 * 256,
+        bf16_best=bench.Timing("bf16", ms=0.55, config=cfg),
+        fp8_best=bench.Timing("fp8 twin", ms=0.33),
+        gather=bench.Timing("gather", ms=9.0),
+        peak_extra_bytes={"bf16": 1000, "fp8": 1000, "gather": 5000, "logits": 1000},
+    )
+    skipped = bench.ShapeResult(
+        shape={"mode": "prefill", "rows": 4096, "keys": 131072},
+        key_bytes_bf16=0,
+        key_bytes_fp8=0,
+        unique_key_bytes_bf16=0,
+        skipped="needs more memory",
+    )
+    d = ok.derived()
+    assert d["bf16_hbm_pct"] == pytest.approx(100 * 64 * 131072 * 256 / 0.55e-3 / 4.8e12)
+    assert d["ratio_bf16_over_fp8"] == pytest.approx(0.55 / 0.33)
+    assert d["ratio_gather_over_bf16"] == pytest.approx(9.0 / 0.55)
+    text = bench.table([ok, skipped], {"copy_tb_s": 4.3})
+    assert "n128/w4/s3/swap/kauto" in text and "skipped: needs more memory" in text
+    assert "bf16/fp8 <= 1.94: 1/1" in text
+    path = bench.write_outputs(tmp_path, {"gpu": "test"}, [ok, skipped])
+    assert path.exists() and (tmp_path / "bench_read.csv").read_text().count("\n") == 3
+    assert bench.main(["--dry-run", "--profile", "quick"]) == 0
+
+
+@requires_interpreter
+def test_parity_suite_smoke_on_cpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The GPU suite's own code paths, interpreted at small sizes (graph and memory checks skip)."""
+    import json
+
+    from verify.parity import read as parity
+
+    module = _upstream("kernel")
+    if not getattr(module, "_INTERPRETED", False):
+        pytest.skip("kernel module was imported before TRITON_INTERPRET=1 was set")
+    code = parity.main(["--device", "cpu", "--small", "--out", str(tmp_path), "--heads", "32"])
+    payload = json.loads((tmp_path / "read.json").read_text())
+    statuses = {r["name"]: r["status"] for r in payload["results"]}
+    assert code == 0, statuses
+    assert statuses["cuda_graph"] == "skip" and statuses["extra_memory"] == "skip"
+    assert statuses["oracle[q=fp8,H=32]"] == "pass" and statuses["fp8_twin_vs_upstream_torch"] == "pass"
+
+
+def test_read_kernels_compile_for_sm90() -> None:
+    """Both Triton kernels compile for sm_90 under the installed Triton (no GPU needed): the dot
+    is wgmma, the key loop keeps tiles in flight, shared memory fits. A subprocess, because this
+    module runs the kernels interpreted."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "verify.bench.read_compile"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0 and "UpstreamMissing" in proc.stderr:
+        pytest.skip("patched upstream not on PYTHONPATH")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
+    assert len(lines) == 3 and all("wgmma=True" in line for line in lines)
+    assert all("loop async_wait=[2," in line for line in lines), proc.stdout

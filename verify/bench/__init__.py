@@ -1,0 +1,1 @@
+"""Kernel benchmarks of the bf16 index-K series (GPU; measured, never asserted)."""

@@ -1,0 +1,489 @@
+"""Tier-1 read parity (GPU): patch 4's bf16 paged-logits kernel against an fp32 oracle.
+
+Runs against the patched upstream on ``PYTHONPATH``::
+
+    PYTHONPATH=<repo>:<patched tree>/python python -m verify.parity.read --out DIR
+
+Every check builds its own inputs and runs on its own (an error, or an out-of-memory skip, in
+one does not stop the others). Inputs: a bf16 pool on shuffled pages whose unused table entries
+point at a NaN page, lengths 1, 63, 64, 65, 511, 512, 513, 4095, 65536 compressed keys.
+
+- ``oracle[q=..,H=..]``: kernel vs the oracle on the same stored keys (fp8 and bf16 q, 64 and
+  32 heads): ``calc_diff <= 5e-6`` on finite entries, identical ``-inf`` mask, max abs error
+  ``<= 1e-3 * max|logit|``, no NaN (no foreign page read, every element written: the output
+  is allocated over a NaN-filled block of the caching allocator).
+- ``prefill[..]``: rows are query tokens of one request with causal lengths, sharing a table.
+- ``input_forms``: the raw uint8 pool, ``[rows, 1]`` lengths, int64 tables give the same bits.
+- ``row_independence``: row chunks (as the call site slices them) and one-row runs equal the
+  batch bit for bit under a fixed config; under default configs, bitwise or within the bound.
+- ``reruns``: 20 runs bitwise identical.
+- ``cuda_graph``: capture at one set of lengths, replay at others: equal to eager, bit for bit.
+- ``extra_memory``: the call allocates nothing beyond its fp32 logits.
+- ``fp8_twin_oracle`` / ``fp8_twin_vs_upstream_torch``: the bench's fp8 baseline (a Triton twin
+  of this kernel over upstream's 132-B pages) against its dequantized-input oracle (DeepGEMM's
+  own bound, 5e-6) and against upstream's ``fp8_paged_mqa_logits_torch`` at small size (1e-3,
+  the bound against a bf16-input reference).
+
+Results go to ``DIR/read.json``; a summary table is printed last. Exit status 1 when a
+check failed or errored. ``--device cpu --small`` (with ``TRITON_INTERPRET=1``) is a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verify.parity.read_reference import (
+    PAGE,
+    ReadCase,
+    calc_diff,
+    causal_lengths,
+    make_read_case,
+    oracle_logits,
+    pack_fp8_pages,
+)
+from verify.parity.store_report import CheckResult, CheckSkipped, Status, run_check, summary_table, write_json
+from verify.parity.upstream_read import load_bf16_kernel_module, load_upstream_fp8_torch_reader
+
+SUITE = "parity.read"
+FULL_LENGTHS = [1, 63, 64, 65, 511, 512, 513, 4095, 65536]
+SMALL_LENGTHS = [1, 63, 64, 65, 200]
+CALC_DIFF_MAX = 5e-6
+ABS_ERR_REL_MAX = 1e-3
+UPSTREAM_TORCH_CALC_DIFF_MAX = 1e-3
+
+
+@dataclass
+class Settings:
+    device: torch.device
+    lengths: list[int]
+    heads: list[int]
+    reruns: int
+    seed: int
+    prefill: list[tuple[int, int]]  # (query rows, final compressed length)
+    small: bool
+
+
+class Suite:
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.module, self.module_route = load_bf16_kernel_module()
+        self.kernel: Callable[..., torch.Tensor] = self.module.bf16_paged_mqa_logits
+
+    # ------------------------------------------------------------- helpers
+
+    @property
+    def cuda(self) -> bool:
+        return self.s.device.type == "cuda"
+
+    def case(self, lengths: list[int], **kw: Any) -> ReadCase:
+        return make_read_case(lengths, device=self.s.device, **kw)
+
+    def run(self, case: ReadCase, *, poison: bool = True, **kw: Any) -> torch.Tensor:
+        if poison and self.cuda:
+            # Freed into the caching allocator, so the output most likely lands on NaNs:
+            # any element the kernel does not write then shows up as NaN.
+            torch.full((case.rows, case.max_seq_len), float("nan"), device=self.s.device)
+        return self.kernel(
+            case.q,
+            case.pool_view(),
+            case.weights,
+            case.seq_lens,
+            case.page_table,
+            None,
+            case.max_seq_len,
+            **kw,
+        )
+
+    def oracle(self, case: ReadCase, keys: torch.Tensor | None = None) -> torch.Tensor:
+        keys = case.pool if keys is None else keys
+        return oracle_logits(case.q, keys, case.weights, case.seq_lens, case.page_table, case.max_seq_len)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    # ------------------------------------------------------------- checks
+
+    def check_oracle(self, q_dtype: torch.dtype, heads: int) -> CheckResult:
+        case = self.case(self.s.lengths, heads=heads, q_dtype=q_dtype, seed=self.s.seed + heads)
+        out = self.run(case)
+        ref = self.oracle(case)
+        metrics = compare(out, ref)
+        metrics["per_length"] = {
+            str(n): compare(out[r : r + 1], ref[r : r + 1])["calc_diff"] for r, n in enumerate(self.s.lengths)
+        }
+        return verdict(metrics, f"{len(self.s.lengths)} rows, lengths {self.s.lengths}")
+
+    def check_prefill(self, rows: int, final: int) -> CheckResult:
+        lengths = causal_lengths(rows, final)
+        case = self.case(lengths, shared_table=True, seed=self.s.seed + 11)
+        out = self.run(case)
+        metrics = compare(out, self.oracle(case))
+        metrics["rows"], metrics["lengths"] = rows, f"{lengths[0]}..{lengths[-1]}"
+        return verdict(metrics, f"{rows} causal rows, lengths {lengths[0]}..{lengths[-1]}")
+
+    def check_input_forms(self) -> CheckResult:
+        case = self.case(self.s.lengths, seed=self.s.seed + 21)
+        base = self.run(case, poison=False)
+        variants = {
+            "uint8 pool, [rows,1] lengths, clean_logits=False": self.kernel(
+                case.q,
+                case.pool_bytes(),
+                case.weights,
+                case.seq_lens[:, None],
+                case.page_table,
+                None,
+                case.max_seq_len,
+                False,
+            ),
+            "[rows,H,128] q, [pages,64,128] pool, int64 lengths and table": self.kernel(
+                case.q[:, 0],
+                case.pool,
+                case.weights,
+                case.seq_lens.long(),
+                case.page_table.long(),
+                object(),
+                case.max_seq_len,
+            ),
+        }
+        bad = [name for name, out in variants.items() if not torch.equal(out, base)]
+        status = Status.PASS if not bad else Status.FAIL
+        return CheckResult(
+            "", status, "all forms bitwise equal" if not bad else f"differ: {bad}", {"forms": list(variants)}
+        )
+
+    def check_row_independence(self) -> CheckResult:
+        case = self.case(self.s.lengths, seed=self.s.seed + 31)
+        cfg_cls = self.module.Bf16IndexLogitsConfig
+        fixed = cfg_cls(block_n=64, split_n=1024)
+        with_cfg = self.module.bf16_paged_mqa_logits_with_config
+
+        def call(rows: slice, config: Any) -> torch.Tensor:
+            return with_cfg(
+                case.q[rows],
+                case.pool_view(),
+                case.weights[rows],
+                case.seq_lens[rows],
+                case.page_table[rows],
+                case.max_seq_len,
+                config,
+            )
+
+        whole_fixed = call(slice(None), fixed)
+        chunk_slices = [slice(0, 2), slice(2, 5), slice(5, None)]
+        chunked = torch.cat([call(sl, fixed) for sl in chunk_slices])
+        singles = torch.cat([call(slice(r, r + 1), fixed) for r in range(case.rows)])
+        whole_default = call(slice(None), None)
+        chunked_default = torch.cat([call(sl, None) for sl in chunk_slices])
+        details = {
+            "fixed_config_chunks_bitwise": torch.equal(chunked, whole_fixed),
+            "fixed_config_single_rows_bitwise": torch.equal(singles, whole_fixed),
+            "default_config_chunks_bitwise": torch.equal(chunked_default, whole_default),
+            "default_config_chunks_calc_diff": compare(chunked_default, whole_default)["calc_diff"],
+        }
+        default_ok = details["default_config_chunks_bitwise"] or compare(chunked_default, whole_default)["ok"]
+        ok = (
+            details["fixed_config_chunks_bitwise"]
+            and details["fixed_config_single_rows_bitwise"]
+            and default_ok
+        )
+        return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
+
+    def check_reruns(self) -> CheckResult:
+        case = self.case(self.s.lengths, seed=self.s.seed + 41)
+        first = self.run(case, poison=False)
+        differing = [
+            i for i in range(1, self.s.reruns) if not torch.equal(self.run(case, poison=False), first)
+        ]
+        status = Status.PASS if not differing else Status.FAIL
+        summary = (
+            f"{self.s.reruns} runs bitwise identical"
+            if not differing
+            else f"runs {differing} differ from run 0"
+        )
+        return CheckResult("", status, summary, {"reruns": self.s.reruns, "differing": differing})
+
+    def check_cuda_graph(self) -> CheckResult:
+        if not self.cuda:
+            raise CheckSkipped("CUDA graphs need a GPU")
+        lengths = self.s.lengths
+        rows = len(lengths)
+        case = self.case(lengths, seed=self.s.seed + 51)
+        longest = max(lengths)
+        # Every row gets the longest row's table, so any length up to it is backed by keys.
+        table = case.page_table[lengths.index(longest)].repeat(rows, 1).contiguous()
+        capture_lens = torch.tensor([max(1, n // 3) for n in lengths], dtype=torch.int32)
+        replays = {
+            "reversed": torch.tensor(lengths[::-1], dtype=torch.int32),
+            "all_longest": torch.full((rows,), longest, dtype=torch.int32),
+            "with_zero_and_1": torch.tensor([0] + [1] * (rows - 1), dtype=torch.int32),
+            "capture_lengths": capture_lens,
+        }
+        static_lens = capture_lens.to(self.s.device)
+        static = ReadCase(
+            case.q, case.pool, case.weights, static_lens, table, case.max_seq_len, case.poison_page
+        )
+        self.run(static, poison=False)  # compile and warm up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = self.run(static, poison=False)
+        details: dict[str, Any] = {}
+        for name, lens in replays.items():
+            static_lens.copy_(lens.to(self.s.device))
+            graph.replay()
+            torch.cuda.synchronize()
+            eager = self.run(static.with_lengths(lens), poison=False)
+            details[f"{name}_equals_eager"] = torch.equal(captured, eager)
+            if name == "reversed":
+                details["reversed_vs_oracle"] = compare(captured, self.oracle(static.with_lengths(lens)))
+        ok = (
+            all(v for k, v in details.items() if k.endswith("_equals_eager"))
+            and details["reversed_vs_oracle"]["ok"]
+        )
+        return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
+
+    def check_extra_memory(self) -> CheckResult:
+        if not self.cuda:
+            raise CheckSkipped("memory statistics need a GPU")
+        case = self.case(self.s.lengths, seed=self.s.seed + 61)
+        self.run(case, poison=False)  # warm up (compilation may allocate)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = self.run(case, poison=False)
+        torch.cuda.synchronize()
+        peak_extra = torch.cuda.max_memory_allocated() - before
+        out_bytes = out.numel() * out.element_size()
+        beyond = peak_extra - out_bytes
+        details = {"peak_extra_bytes": peak_extra, "logits_bytes": out_bytes, "beyond_logits_bytes": beyond}
+        # The caching allocator rounds blocks up (to 2 MiB for large ones).
+        ok = beyond <= 2 * 1024 * 1024
+        return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
+
+    def check_fp8_twin_oracle(self) -> CheckResult:
+        from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+
+        case = self.case(self.s.lengths, seed=self.s.seed + 71)
+        buf, deq = pack_fp8_pages(case.pool)  # the NaN page stays NaN: must never be read
+        assert deq is not None
+        out = fp8_paged_mqa_logits_twin(
+            case.q,
+            buf.view(-1, PAGE, 1, 132),
+            case.weights,
+            case.seq_lens,
+            case.page_table,
+            None,
+            case.max_seq_len,
+        )
+        metrics = compare(out, self.oracle(case, deq))
+        # For the record: how far the fp8 arm is from the bf16 keys it quantized.
+        bf16_ref = self.oracle(case)
+        finite = torch.isfinite(bf16_ref)
+        metrics["calc_diff_vs_bf16_key_oracle"] = calc_diff(out[finite], bf16_ref[finite])
+        return verdict(metrics, "fp8 twin vs dequantized-input oracle")
+
+    def check_fp8_twin_vs_upstream_torch(self) -> CheckResult:
+        from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+
+        reader, route = load_upstream_fp8_torch_reader()
+        case = self.case(SMALL_LENGTHS + [511, 513], seed=self.s.seed + 81)
+        keys = case.pool.clone()
+        keys[case.poison_page] = 0  # upstream's reader gathers padding pages (then zeroes them)
+        buf, _ = pack_fp8_pages(keys)
+        kv = buf.view(-1, PAGE, 1, 132)
+        twin = fp8_paged_mqa_logits_twin(
+            case.q, kv, case.weights, case.seq_lens, case.page_table, None, case.max_seq_len
+        )
+        upstream = reader(
+            case.q, kv, case.weights, case.seq_lens, case.page_table, None, case.max_seq_len, False
+        )
+        finite = torch.isfinite(twin)
+        positions = torch.arange(case.max_seq_len, device=twin.device)
+        expected_finite = positions[None, :] < case.seq_lens[:, None]
+        diff = calc_diff(twin[finite], upstream[finite])
+        details = {
+            "upstream_route": route,
+            "calc_diff": diff,
+            "twin_mask_matches_lengths": torch.equal(finite, expected_finite),
+            "upstream_masked_with_zero": bool(torch.all(upstream[~finite] == 0)),
+        }
+        ok = diff <= UPSTREAM_TORCH_CALC_DIFF_MAX and details["twin_mask_matches_lengths"]
+        return CheckResult(
+            "", Status.PASS if ok else Status.FAIL, _fmt(details, skip=("upstream_route",)), details
+        )
+
+    # ------------------------------------------------------------- driver
+
+    def checks(self) -> list[tuple[str, Callable[[], CheckResult]]]:
+        out: list[tuple[str, Callable[[], CheckResult]]] = []
+        for heads in self.s.heads:
+            for q_dtype, tag in ((torch.float8_e4m3fn, "fp8"), (torch.bfloat16, "bf16")):
+                out.append((f"oracle[q={tag},H={heads}]", _bind(self.check_oracle, q_dtype, heads)))
+        for rows, final in self.s.prefill:
+            out.append((f"prefill[rows={rows},keys={final}]", _bind(self.check_prefill, rows, final)))
+        out += [
+            ("input_forms", self.check_input_forms),
+            ("row_independence", self.check_row_independence),
+            ("reruns", self.check_reruns),
+            ("cuda_graph", self.check_cuda_graph),
+            ("extra_memory", self.check_extra_memory),
+            ("fp8_twin_oracle", self.check_fp8_twin_oracle),
+            ("fp8_twin_vs_upstream_torch", self.check_fp8_twin_vs_upstream_torch),
+        ]
+        return out
+
+    def run_all(self, only: list[str] | None) -> list[CheckResult]:
+        results = []
+        for name, fn in self.checks():
+            if only and not any(name.startswith(prefix) for prefix in only):
+                continue
+            result = run_check(name, _oom_safe(fn, self.cuda), after=self.sync if self.cuda else None)
+            print(f"[{result.status.value.upper():5}] {name}: {result.summary}", flush=True)
+            results.append(result)
+        return results
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
+    """Kernel output vs oracle: the tier-1 bounds, and the numbers behind them."""
+    out, ref = out.float(), ref.float().to(out.device)
+    nan = int(torch.isnan(out).sum())
+    finite = torch.isfinite(ref)
+    mask_same = bool(torch.equal(torch.isfinite(out), finite)) and bool(
+        torch.all(out[~finite] == float("-inf"))
+    )
+    both = finite & torch.isfinite(out)
+    diff = calc_diff(out[both], ref[both]) if both.any() else 0.0
+    scale = float(ref[finite].abs().max()) if finite.any() else 0.0
+    max_abs = float((out[both] - ref[both]).abs().max()) if both.any() else 0.0
+    ok = nan == 0 and mask_same and diff <= CALC_DIFF_MAX and max_abs <= ABS_ERR_REL_MAX * max(scale, 1e-6)
+    return {
+        "ok": ok,
+        "calc_diff": diff,
+        "mask_identical": mask_same,
+        "nan": nan,
+        "max_abs_err": max_abs,
+        "max_abs_ref": scale,
+        "finite": int(finite.sum()),
+    }
+
+
+def verdict(metrics: dict[str, Any], what: str) -> CheckResult:
+    summary = (
+        f"{what}: calc_diff={metrics['calc_diff']:.2e} mask={'same' if metrics['mask_identical'] else 'DIFFERS'} "
+        f"nan={metrics['nan']} max_abs={metrics['max_abs_err']:.2e}/{metrics['max_abs_ref']:.2e}"
+    )
+    return CheckResult("", Status.PASS if metrics["ok"] else Status.FAIL, summary, metrics)
+
+
+def _fmt(details: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
+    parts = []
+    for key, value in details.items():
+        if key in skip:
+            continue
+        if isinstance(value, dict):
+            value = value.get("ok", value)
+        if isinstance(value, float):
+            value = f"{value:.2e}"
+        parts.append(f"{key}={value}")
+    return " ".join(parts)[:300]
+
+
+def _bind(fn: Callable[..., CheckResult], *args: Any) -> Callable[[], CheckResult]:
+    return lambda: fn(*args)
+
+
+def _oom_safe(fn: Callable[[], CheckResult], cuda: bool) -> Callable[[], CheckResult]:
+    def wrapped() -> CheckResult:
+        try:
+            return fn()
+        except torch.cuda.OutOfMemoryError as error:
+            if cuda:
+                torch.cuda.empty_cache()
+            raise CheckSkipped(f"out of device memory: {str(error).splitlines()[0][:160]}") from error
+        finally:
+            if cuda:
+                torch.cuda.empty_cache()
+
+    return wrapped
+
+
+def environment(suite: Suite, settings: Settings) -> dict[str, Any]:
+    import triton
+
+    meta: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "device": str(settings.device),
+        "kernel_module": getattr(suite.module, "__file__", "?"),
+        "kernel_route": suite.module_route,
+        "kernel_interpreted": bool(getattr(suite.module, "_INTERPRETED", False)),
+        "lengths": settings.lengths,
+        "heads": settings.heads,
+        "seed": settings.seed,
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", ""),
+    }
+    if settings.device.type == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name(settings.device)
+        meta["capability"] = ".".join(map(str, torch.cuda.get_device_capability(settings.device)))
+    return meta
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", type=Path, default=Path("verify/results/parity"), help="results folder (read.json goes here)"
+    )
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--heads", type=int, nargs="+", default=[64, 32])
+    parser.add_argument("--reruns", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--small", action="store_true", help="CPU smoke sizes (with TRITON_INTERPRET=1)")
+    parser.add_argument("--only", nargs="+", default=None, help="run checks whose names start with these")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(
+            "CUDA is not available; use --device cpu --small with TRITON_INTERPRET=1 for a smoke run",
+            file=sys.stderr,
+        )
+        return 2
+    small = args.small
+    settings = Settings(
+        device=device,
+        lengths=args.lengths or (SMALL_LENGTHS if small else FULL_LENGTHS),
+        heads=args.heads,
+        reruns=3 if small and args.reruns == 20 else args.reruns,
+        seed=args.seed,
+        prefill=[(64, 16), (16, 200)] if small else [(4096, 1024), (1024, 4095), (64, 65536)],
+        small=small,
+    )
+    suite = Suite(settings)
+    meta = environment(suite, settings)
+    print(json.dumps(meta, default=str), flush=True)
+    results = suite.run_all(args.only)
+    out_file = args.out / "read.json"
+    write_json(out_file, SUITE, results, meta)
+    print(f"\nresults: {out_file}")
+    print(summary_table(results))
+    return 0 if all(r.status in (Status.PASS, Status.SKIP) for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
