@@ -50,7 +50,7 @@ def status(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, venv_params=["--system-site-packages"], tags=["kernels"])
 def build(session: nox.Session) -> None:
-    """Compile every CUDA kernel instantiation the bf16 path uses (local GPU, else sm_90a/100a/120a)."""
+    """Compile every CUDA kernel instantiation the bf16 path uses (local GPU, else sm_90a/100a/120f)."""
     # System site-packages: a deployment's own torch satisfies the pin instead of a new download.
     session.install("-e", ".[kernels-build]")
     if subprocess.run([f"{session.bin}/python", "-c", "import torch"], capture_output=True).returncode:
@@ -58,12 +58,41 @@ def build(session: nox.Session) -> None:
     session.run("python", "-m", "bf16k", "build", *session.posargs)
 
 
+def _has_cuda(session: nox.Session) -> bool:
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([f"{session.bin}/python", "-c", probe], capture_output=True).returncode == 0
+
+
 @nox.session(python=PYTHON, tags=["ci"], default=False)
 def tests(session: nox.Session) -> None:
-    """The project's test suite (tooling, CPU-level checks of the patched upstream)."""
+    """The project's test suite: tooling, verification suites, and the series' own upstream tests."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "bf16k", "apply")
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]))
+    # Without a GPU, Triton kernels run under Triton's interpreter (the CPU tests need that).
+    env = {} if _has_cuda(session) else {"TRITON_INTERPRET": "1"}
+    targets = session.posargs or ["tests", "sglang-upstream/python/sglang/test/dsv4_bf16_index_k"]
+    session.run("python", "-m", "pytest", *targets, env=env)
+
+
+@nox.session(python=PYTHON, tags=["verify"], default=False)
+def verify_recall(session: nox.Session) -> None:
+    """Recall verification: tier 1 parity (GPU), tier 2 indexer recall; `-- --server URL` for tier 3."""
+    session.install("-e", ".[test]")
+    live = any(a == "--server" or a.startswith("--server=") for a in session.posargs)
+    if not live:
+        session.run("python", "-m", "bf16k", "apply")
+    env = {"PYTHONPATH": "sglang-upstream/python"}
+    if not live and not _has_cuda(session):
+        env["TRITON_INTERPRET"] = "1"
+    session.run("python", "-m", "verify", *session.posargs, env=env)
+
+
+@nox.session(python=PYTHON, tags=["verify"], default=False)
+def bench(session: nox.Session) -> None:
+    """Kernel benchmarks on a CUDA GPU, side by side: bf16 read vs fp8 vs naive gather; bf16 vs fp8 store."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "bf16k", "apply")
+    session.run("python", "-m", "verify.bench", *session.posargs, env={"PYTHONPATH": "sglang-upstream/python"})
 
 
 @nox.session(python=PYTHON, tags=["series", "ci"], default=False)
@@ -71,3 +100,33 @@ def bisect(session: nox.Session) -> None:
     """Apply each prefix of the series in a scratch clone: imports, byte-compiles, its tests pass."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "bf16k", "bisect", *session.posargs)
+
+
+@nox.session(python=False, tags=["series"], default=False)
+def rebase(session: nox.Session) -> None:
+    """Carry the series to a newer upstream: `-- 0.5.23` (PyPI) or `-- v0.5.23` (git); --continue/--skip/--abort."""
+    _tool(session, "rebase")
+
+
+@nox.session(python=False, tags=["series"], default=False)
+def range_diff(session: nox.Session) -> None:
+    """Classify each patch of series/ vs a carried series: unchanged/context-only/content-changed/dropped/new."""
+    _tool(session, "range-diff")
+
+
+@nox.session(python=False, tags=["series", "ci"], default=False)
+def rebase_check(session: nox.Session) -> None:
+    """Try the series on each newer DSV4 release (a report) and check every carried series (fails if one broke)."""
+    _tool(session, "rebase-check")
+
+
+@nox.session(python=False, tags=["deploy"], default=False)
+def wheel(session: nox.Session) -> None:
+    """A patched sglang wheel (pinned wheel + applied series, version +bf16k.<series hash>) in build/wheel/."""
+    _tool(session, "wheel")
+
+
+@nox.session(python=False, tags=["series"], default=False)
+def pr_drafts(session: nox.Session) -> None:
+    """Upstream PR drafts (one per patch + a cover) and git am-ready patches in build/pr-drafts/<version>/."""
+    _tool(session, "pr-drafts")

@@ -174,7 +174,9 @@ def check_fp8_store(backend: Backend, num_keys: int, label: str) -> Check:
     backend.store("fp8", pool, slots, x)
     dtype = getattr(backend, "fp8_input_dtype", torch.float32)
     x_in = x.to(dtype).float()
-    nums = _fp8_store_verdict(pool, slots, x_in, canary, scale_rtol=0.0, abs_slack=0.0)
+    # Codes must be bit-exact; the fp32 scale absmax/448 may differ from torch in its last bits
+    # (the GPU division is not always correctly rounded), which changes no stored value.
+    nums = _fp8_store_verdict(pool, slots, x_in, canary, scale_rtol=1e-6, abs_slack=0.0)
     status, detail = _store_status(nums)
     return Check("fp8 index-K store", label, status, detail, True, nums)
 

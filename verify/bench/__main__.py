@@ -1,0 +1,34 @@
+"""``python -m verify.bench --out DIR [--profile quick|full] [--sweep none|small|full]``: what
+``nox -s bench`` runs on a CUDA GPU -- the read bench (Triton bf16 paged logits vs the fp8
+baseline vs the naive gather) and the store bench (fused bf16 vs fp8 store), side by side."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verify.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("build/bench"))
+    parser.add_argument("--only", choices=("read", "store"), help="run one bench")
+    ns, rest = parser.parse_known_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench needs a CUDA GPU; the recorded H200 run is in verify/results/h200/", file=sys.stderr)
+        return 2
+    from verify.bench import read, store
+
+    codes = []
+    if ns.only in (None, "read"):
+        codes.append(read.main(["--out", str(ns.out), *rest]))
+    if ns.only in (None, "store"):
+        codes.append(store.main(["--out", str(ns.out)]))
+    return max(int(c or 0) for c in codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
