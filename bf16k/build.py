@@ -40,6 +40,7 @@ class Arch:
     name: str  # e.g. sm_90a
     major: int
     minor: int
+    suffix: str  # "a" / "f": the target upstream's loader picks for this GPU
 
 
 def load_manifest(root: Path) -> tuple[list[Kernel], list[Arch]]:
@@ -51,7 +52,7 @@ def load_manifest(root: Path) -> tuple[list[Kernel], list[Arch]]:
     kernels = [
         Kernel(k["name"], tuple(k.get("imports", [])), k["call"], k.get("why", "")) for k in data["kernel"]
     ]
-    archs = [Arch(a["name"], int(a["major"]), int(a["minor"])) for a in data["arch"]]
+    archs = [Arch(a["name"], int(a["major"]), int(a["minor"]), str(a.get("suffix", ""))) for a in data["arch"]]
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise ToolError(f"{path}: kernel names must be unique")
@@ -87,8 +88,8 @@ def local_gpu_arch(python: str) -> Arch | None:
     if not cap:
         return None
     major, minor = int(cap[0]), int(cap[1])
-    suffix = "a" if major >= 9 else ""
-    return Arch(f"sm_{major}{minor}{suffix}", major, minor)
+    # The loader picks the suffix itself for the local GPU; the name is for the table only.
+    return Arch(f"sm_{major}{minor} (local)", major, minor, "")
 
 
 @dataclass
@@ -111,7 +112,7 @@ def run_worker(
     env["SGLANG_JIT_CACHE_DIR"] = str(cache)
     env["CUDA_HOME"] = str(cuda_home())
     request = {
-        "arch": [arch.major, arch.minor],
+        "arch": [arch.major, arch.minor, arch.suffix or None],
         "load": load,
         "kernels": [{"name": k.name, "imports": list(k.imports), "call": k.call} for k in kernels],
     }
@@ -165,8 +166,9 @@ def build(
 
 def table(results: list[Result]) -> str:
     width = max([len("kernel")] + [len(r.kernel) for r in results])
-    lines = [f"{'kernel':<{width}}  {'arch':<9} {'result':<8} {'seconds':>7}"]
+    aw = max([len("arch")] + [len(r.arch) for r in results])
+    lines = [f"{'kernel':<{width}}  {'arch':<{aw}}  {'result':<8} {'seconds':>7}"]
     for r in results:
         status = ("loaded" if r.loaded else "built") if r.ok else "FAILED"
-        lines.append(f"{r.kernel:<{width}}  {r.arch:<9} {status:<8} {r.seconds:7.1f}")
+        lines.append(f"{r.kernel:<{width}}  {r.arch:<{aw}}  {status:<8} {r.seconds:7.1f}")
     return "\n".join(lines)

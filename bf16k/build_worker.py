@@ -15,7 +15,7 @@ from typing import Any
 
 def main() -> int:
     request = json.loads(sys.stdin.read())
-    major, minor = request["arch"]
+    major, minor, suffix = request["arch"]
     from sglang.kernels.jit.utils.arch import override_jit_cuda_arch  # the patched upstream's loader
 
     results: list[dict[str, Any]] = []
@@ -26,7 +26,7 @@ def main() -> int:
             exec("import torch", namespace)
             for line in kernel["imports"]:
                 exec(line, namespace)
-            with override_jit_cuda_arch(major, minor):
+            with override_jit_cuda_arch(major, minor, suffix):
                 module = eval(kernel["call"], namespace)
             results.append({
                 "kernel": kernel["name"], "ok": module is not None, "loaded": bool(request["load"]),
