@@ -38,3 +38,10 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument("--upstream", metavar="VERSION")
     p.add_argument("--no-tests", action="store_true", help="skip the series' own tests (import/compile only)")
     p.set_defaults(func=cmd_bisect)
+
+    from bf16k import prdrafts, rangediff, rebase, wheel
+
+    rebase.register(sub)
+    rangediff.register(sub)
+    wheel.register(sub)
+    prdrafts.register(sub)

@@ -44,6 +44,9 @@ class Target:
 
     root: Path
     version: str | None  # None: the pinned release
+    # Where to build the upstream tree instead of the usual place: lets a check (rebase-check)
+    # work on a carried release in a scratch folder and leave the repository untouched.
+    work: Path | None = None
 
     @property
     def carried(self) -> bool:
@@ -63,6 +66,8 @@ class Target:
 
     @property
     def upstream_dir(self) -> Path:
+        if self.work is not None:
+            return self.work
         if self.version is None:
             return self.root / SUBMODULE_PATH
         return self.root / "build" / "upstream" / self.version

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import urllib.request
 import zipfile
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from bf16k import gitutil
 from bf16k.errors import ToolError
-from bf16k.pin import ABSENT, Pin
+from bf16k.pin import ABSENT, Pin, WheelPin
+from bf16k.pin import load as pinload
 from bf16k.project import SUBMODULE_PATH, Target, cache_dir
 
 BASE_DATE = "946684800 +0000"  # 2000-01-01T00:00:00Z: fixed so the base commit id is stable
@@ -138,8 +140,17 @@ def _has_pip() -> bool:
     return subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
 
 
-def _fast_import_stream(wheel: Path, pin: Pin) -> bytes:
-    """A fast-import stream of one commit holding the wheel's sglang/ tree under python/."""
+def _fast_import_stream(
+    wheel: Path, pin: Pin, *, ref: str = "refs/heads/upstream-base", parent: Pin | None = None,
+    parent_commit: str = "",
+) -> bytes:
+    """A fast-import stream of one commit holding the wheel's sglang/ tree under python/.
+
+    With ``parent_commit`` the commit is a child of it (a carried release on top of the pinned
+    one, so 3-way merges and range-diff see the change between the releases); ``deleteall``
+    first, so files the new release dropped are gone. Without it the stream is byte-identical to
+    what it always was, which keeps the pinned base commit id.
+    """
     chunks: list[bytes] = []
     entries: list[tuple[str, str, int]] = []
     with zipfile.ZipFile(wheel) as zf:
@@ -160,9 +171,15 @@ def _fast_import_stream(wheel: Path, pin: Pin) -> bytes:
         f"Wheel: {pin.wheel.filename}\nsha256: {pin.wheel.sha256}\n"
         f"Upstream tag: {pin.tag or 'unknown'}\n"
         "The wheel's sglang/ package laid out as upstream lays it out (python/sglang/...).\n"
-    ).encode()
-    commit = [b"commit refs/heads/upstream-base\n", b"author " + ident + b"\n", b"committer " + ident + b"\n"]
-    commit.append(b"data %d\n" % len(message) + message)
+    )
+    if parent_commit:
+        label = f"sglang {parent.version} ({parent.wheel.filename})" if parent else parent_commit
+        message += f"Parent: the import of {label}, so merges and range-diff see the release change.\n"
+    data_msg = message.encode()
+    commit = [f"commit {ref}\n".encode(), b"author " + ident + b"\n", b"committer " + ident + b"\n"]
+    commit.append(b"data %d\n" % len(data_msg) + data_msg)
+    if parent_commit:
+        commit.append(f"from {parent_commit}\ndeleteall\n".encode())
     for path, mode, mark in entries:
         commit.append(f"M {mode} :{mark} {path}\n".encode())
     chunks.append(b"".join(commit) + b"\n")
@@ -187,6 +204,129 @@ def materialize_wheel(wheel: Path, repo: Path, pin: Pin) -> str:
             f"{pin.wheel.base_commit}: the wheel or the materialisation changed. Nothing was patched."
         )
     return base
+
+
+# --------------------------------------------------------------------------- carried releases
+
+IMPORTS_REPO = "imports.git"  # bare repo under cache_dir(): every wheel import, made once
+IMPORT_FORMAT = "1"  # bump when _fast_import_stream changes, so stale cache entries are not reused
+CARRIED_FILE = "carried.toml"  # in series/next/<version>/: what the carried base was built on
+PARENT_REF = "refs/bf16k/parent-base"  # in a carried tree: the pinned base its base descends from
+
+
+def _imports_repo() -> Path:
+    repo = cache_dir() / IMPORTS_REPO
+    if not (repo / "HEAD").is_file():
+        repo.mkdir(parents=True, exist_ok=True)
+        gitutil.git(["init", "-q", "--bare"], repo)
+    return repo
+
+
+def import_key(pin: Pin, parent_commit: str = "") -> str:
+    """Everything the import's commit id depends on besides the wheel bytes (named by sha256)."""
+    fields = (IMPORT_FORMAT, pin.version, pin.tag, pin.wheel.filename, pin.wheel.sha256, parent_commit)
+    text = "\0".join(fields)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached_import(
+    pin: Pin, *, parent: Pin | None = None, parent_commit: str = "", wheel_file: Path | None = None
+) -> tuple[Path, str, str]:
+    """(cache repo, ref, commit) of the wheel of ``pin`` imported, as a child of ``parent_commit``.
+
+    A wheel import costs ~10 s (inflate + hash + deflate of ~6000 files); a local fetch of it
+    ~2 s. The cache lives outside any repository, so checks stay non-mutating. The wheel is only
+    fetched (and sha256-checked) when the cache lacks the import; the key names the checksum.
+    """
+    cache = _imports_repo()
+    ref = f"refs/imports/{import_key(pin, parent_commit)}"
+    proc = gitutil.git(["rev-parse", "--verify", "-q", f"{ref}^{{commit}}"], cache, check=False)
+    if proc.returncode == 0:
+        return cache, ref, proc.stdout.decode().strip()
+    wheel = fetch_wheel(pin, wheel_file)
+    stream = _fast_import_stream(wheel, pin, ref=ref, parent=parent, parent_commit=parent_commit)
+    gitutil.git(["fast-import", "--quiet", "--force"], cache, input_bytes=stream)
+    return cache, ref, gitutil.rev_parse(cache, ref)
+
+
+def fetch_import(repo: Path, cache: Path, src_ref: str, dst_ref: str) -> None:
+    """Copy an import (objects and a ref) from the cache into ``repo``, creating it if needed."""
+    repo.mkdir(parents=True, exist_ok=True)
+    if not (repo / ".git").exists():
+        if any(repo.iterdir()):
+            raise ToolError(f"{repo} exists, is not empty and is not a git repository: move its contents away")
+        gitutil.git(["init", "-q"], repo)
+    # --update-head-ok: the ref may be the checked-out branch of a hand-made tree; callers reset.
+    gitutil.git(["fetch", "-q", "--no-tags", "--update-head-ok", str(cache), f"+{src_ref}:{dst_ref}"], repo)
+
+
+def read_carried(series_dir: Path) -> dict[str, dict[str, object]]:
+    path = series_dir / CARRIED_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ToolError(f"{path} is not valid TOML: {exc}") from exc
+
+
+def parent_pin(t: Target) -> Pin:
+    """The release a carried base was imported on top of: carried.toml's [parent], else the pin.
+
+    Recording it keeps the carried base id reproducible after the pin itself has moved on.
+    """
+    parent = read_carried(t.series_dir).get("parent")
+    if not parent:
+        return pinload(t.root / "pin.toml")
+    try:
+        result = Pin(
+            version=str(parent["version"]), tag=str(parent.get("tag", "")), commit="",
+            repository="", wheel=WheelPin(
+                filename=str(parent["filename"]), sha256=str(parent["sha256"]).lower(),
+                base_commit=str(parent.get("base_commit", "")),
+            ), path=t.series_dir / CARRIED_FILE,
+        )  # fmt: skip
+    except KeyError as exc:
+        raise ToolError(f"{t.series_dir / CARRIED_FILE}: [parent] lacks {exc}") from exc
+    return result
+
+
+def materialize_carried(
+    repo: Path, pin: Pin, parent: Pin, wheel_file: Path | None = None
+) -> tuple[str, str]:
+    """(parent base, carried base) in ``repo``: the pinned import first, the release on top.
+
+    The carried base id depends on its parent, so it is only reproducible when the parent is the
+    same deterministic wheel import everywhere (not a submodule commit someone happens to have).
+    """
+    cache, pref, pbase = cached_import(parent)
+    if parent.wheel.base_commit and pbase != parent.wheel.base_commit:
+        raise ToolError(
+            f"the import of {parent.wheel.filename} is {pbase}, but {parent.path} records "
+            f"{parent.wheel.base_commit}: the wheel or the materialisation changed"
+        )
+    cache, ref, base = cached_import(pin, parent=parent, parent_commit=pbase, wheel_file=wheel_file)
+    fetch_import(repo, cache, pref, PARENT_REF)
+    fetch_import(repo, cache, ref, "refs/heads/upstream-base")
+    if pin.wheel.base_commit and base != pin.wheel.base_commit:
+        raise ToolError(
+            f"the carried base built from {pin.wheel.filename} on {parent.version} is {base}, but "
+            f"{pin.path} records {pin.wheel.base_commit}: the wheel or its parent changed. Re-carry "
+            f"with `nox -s rebase -- {pin.version}`. Nothing was patched."
+        )
+    return pbase, base
+
+
+def _materialize(t: Target, pin: Pin, repo: Path, wheel_file: Path | None) -> str:
+    """The wheel-built base of the target in ``repo``: standalone for the pin, a child for a carry."""
+    if t.carried:
+        return materialize_carried(repo, pin, parent_pin(t), wheel_file)[1]
+    if pin.wheel.base_commit and wheel_file is None:
+        cache, ref, base = cached_import(pin)
+        if base == pin.wheel.base_commit:  # else: rebuild from the wheel, which says what is wrong
+            fetch_import(repo, cache, ref, "refs/heads/upstream-base")
+            return base
+    return materialize_wheel(fetch_wheel(pin, wheel_file), repo, pin)
 
 
 # --------------------------------------------------------------------------- repo helpers
@@ -268,13 +408,11 @@ def obtain(t: Target, *, source: str = "auto", wheel_file: Path | None = None, q
             if base and gitutil.has_commit(repo, base) and (not pin.wheel.base_commit or base == pin.wheel.base_commit):
                 up = Upstream(repo, base, "wheel", f"PyPI wheel {pin.wheel.filename} (already built)")
             else:
-                wheel = fetch_wheel(pin, wheel_file)
-                base = materialize_wheel(wheel, repo, pin)
+                base = _materialize(t, pin, repo, wheel_file)
                 up = Upstream(repo, base, "wheel", f"PyPI wheel {pin.wheel.filename}, sha256 checked")
         elif source == "wheel" or not pin.commit:
             if gitutil.has_commit(repo, "refs/heads/upstream-base") or state.get("source") == "wheel":
-                wheel = fetch_wheel(pin, wheel_file)
-                base = materialize_wheel(wheel, repo, pin)
+                base = _materialize(t, pin, repo, wheel_file)
                 up = Upstream(repo, base, "wheel", f"PyPI wheel {pin.wheel.filename}, sha256 checked")
             else:
                 raise ToolError(
@@ -300,8 +438,7 @@ def obtain(t: Target, *, source: str = "auto", wheel_file: Path | None = None, q
             else:
                 tried = f"submodule unavailable ({why}); "
         if up is None:
-            wheel = fetch_wheel(pin, wheel_file)
-            base = materialize_wheel(wheel, repo, pin)
+            base = _materialize(t, pin, repo, wheel_file)
             up = Upstream(repo, base, "wheel", f"{tried}PyPI wheel {pin.wheel.filename}, sha256 checked")
     install_local_excludes(repo)
     state = read_state(repo)

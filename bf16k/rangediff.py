@@ -1,0 +1,364 @@
+"""`range-diff`: what a carry to another upstream did to each patch, for the PR that lands it.
+
+`git range-diff` pairs the commits of the series before and after by patch similarity and marks
+each pair `=` (identical diff), `!` (something differs), `<` (only before) or `>` (only after).
+`!` lumps together "upstream moved the lines around the patch" and "the patch itself changed";
+a reviewer only needs to read the second. So each `!` pair is split by comparing the patch's own
+`+`/`-` lines, file by file: the same lines -> context-only, anything else -> content-changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bf16k import gitutil, patches, project, series, upstream
+from bf16k.errors import ToolError
+from bf16k.project import Target
+
+UNCHANGED = "unchanged"
+CONTEXT_ONLY = "context-only"
+CONTENT_CHANGED = "content-changed"
+DROPPED = "dropped"
+NEW = "new"
+CLASSES = (UNCHANGED, CONTEXT_ONLY, CONTENT_CHANGED, DROPPED, NEW)
+
+# `1:  0123456789ab = 1:  ba9876543210 subject` (numbers/hashes are `-` on the missing side)
+_PAIR = re.compile(r"^\s*(\d+|-):\s+([0-9a-f]+|-+)\s+([=!<>])\s+(\d+|-):\s+([0-9a-f]+|-+)\s?(.*)$")
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+# Per file: (removed lines, added lines), in order.
+ChangedLines = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
+
+
+@dataclass
+class Entry:
+    cls: str
+    old_pos: int | None  # 1-based position in the old series
+    new_pos: int | None
+    old_name: str
+    new_name: str
+    subject: str
+    note: str = ""
+    body: list[str] = field(default_factory=list)  # range-diff's diff-of-diffs for this pair
+
+    @property
+    def name(self) -> str:
+        return self.new_name or self.old_name
+
+
+@dataclass
+class RangeDiff:
+    entries: list[Entry]
+    raw: str  # git range-diff's own output
+
+    def count(self, cls: str) -> int:
+        return sum(1 for e in self.entries if e.cls == cls)
+
+    def summary(self) -> str:
+        parts = []
+        for cls in CLASSES:
+            names = [e.name for e in self.entries if e.cls == cls]
+            text = f"{len(names)} {cls}"
+            if names and cls != UNCHANGED:
+                text += " (" + ", ".join(f"`{n}`" for n in names) + ")"
+            parts.append(text)
+        return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- per-commit facts
+
+
+def commits(repo: Path, base: str, tip: str) -> list[str]:
+    return gitutil.out(["rev-list", "--reverse", f"{base}..{tip}"], repo).split()
+
+
+def patch_name(repo: Path, commit: str) -> str:
+    """The patch file a commit exports to: its Patch-Filename line, else its subject's slug."""
+    message = gitutil.out(["log", "-1", "--format=%B", commit], repo)
+    for line in message.splitlines():
+        if line.startswith("Patch-Filename:"):
+            return line.split(":", 1)[1].strip()
+    return series.slug(gitutil.out(["log", "-1", "--format=%s", commit], repo))
+
+
+def changed_lines(repo: Path, commit: str) -> ChangedLines:
+    """The commit's removed/added lines per file, without context (-U0, counted by hunk header).
+
+    Hunk headers give the line counts, so a removed line that itself starts with `--` is not
+    mistaken for a file header.
+    """
+    text = gitutil.git(["show", "--format=", "--no-color", "-U0", "--no-ext-diff", commit], repo).stdout
+    result: dict[str, tuple[list[str], list[str]]] = {}
+    current = ""
+    minus_left = plus_left = 0
+    for raw in text.decode("utf-8", errors="replace").split("\n"):
+        if minus_left or plus_left:
+            if raw.startswith("-") and minus_left:
+                result[current][0].append(raw[1:])
+                minus_left -= 1
+                continue
+            if raw.startswith("+") and plus_left:
+                result[current][1].append(raw[1:])
+                plus_left -= 1
+                continue
+            if raw.startswith("\\"):  # "\ No newline at end of file"
+                continue
+        if raw.startswith("diff --git "):
+            m = re.match(r"diff --git a/(\S+) b/(\S+)", raw)
+            current = m.group(2) if m else raw
+            result.setdefault(current, ([], []))
+        elif raw.startswith("@@ "):
+            m = _HUNK.match(raw)
+            if m:
+                minus_left = int(m.group(1)) if m.group(1) is not None else 1
+                plus_left = int(m.group(2)) if m.group(2) is not None else 1
+    return {path: (tuple(minus), tuple(plus)) for path, (minus, plus) in result.items()}
+
+
+def describe_change(old: ChangedLines, new: ChangedLines) -> str:
+    """One line saying which files' +/- lines differ (for the content-changed note)."""
+    parts = []
+    for path in sorted(set(old) | set(new)):
+        if path not in new:
+            parts.append(f"{path}: no longer touched")
+        elif path not in old:
+            parts.append(f"{path}: newly touched")
+        elif old[path] != new[path]:
+            (om, op), (nm, np_) = old[path], new[path]
+            parts.append(f"{path}: -{len(om)}/+{len(op)} lines became -{len(nm)}/+{len(np_)}")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def run_range_diff(repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str) -> str:
+    args = ["range-diff", "--no-color", "--no-notes", f"{old_base}..{old_tip}", f"{new_base}..{new_tip}"]
+    return gitutil.git(args, repo).stdout.decode("utf-8", errors="replace")
+
+
+def classify(
+    repo: Path, old_base: str, old_tip: str, new_base: str, new_tip: str, notes: dict[str, str] | None = None
+) -> RangeDiff:
+    """Classify every patch of old_base..old_tip against new_base..new_tip (commits in ``repo``).
+
+    ``notes`` adds a note per patch name (e.g. why a patch was dropped).
+    """
+    old = commits(repo, old_base, old_tip)
+    new = commits(repo, new_base, new_tip)
+    raw = run_range_diff(repo, old_base, old_tip, new_base, new_tip)
+    entries: list[Entry] = []
+    for line in raw.splitlines():
+        m = _PAIR.match(line)
+        if not m:
+            if entries and line.startswith("    "):
+                entries[-1].body.append(line[4:])
+            continue
+        opos = int(m.group(1)) if m.group(1) != "-" else None
+        npos = int(m.group(4)) if m.group(4) != "-" else None
+        mark, subject = m.group(3), m.group(6)
+        oc = old[opos - 1] if opos else ""
+        nc = new[npos - 1] if npos else ""
+        entry = Entry(
+            cls="", old_pos=opos, new_pos=npos, subject=subject,
+            old_name=patch_name(repo, oc) if oc else "", new_name=patch_name(repo, nc) if nc else "",
+        )  # fmt: skip
+        if mark == "=":
+            entry.cls = UNCHANGED
+        elif mark == "<":
+            entry.cls = DROPPED
+        elif mark == ">":
+            entry.cls = NEW
+        if mark == "!":
+            _classify_pair(repo, entry, oc, nc)
+        if entry.old_name and entry.new_name and entry.old_name != entry.new_name:
+            entry.note = (entry.note + "; " if entry.note else "") + f"renamed from `{entry.old_name}`"
+        entries.append(entry)
+    entries = _pair_by_name(repo, entries, old, new)
+    for e in entries:
+        extra = (notes or {}).get(e.name)
+        if extra:
+            e.note = (e.note + "; " if e.note else "") + extra
+    return RangeDiff(entries, raw)
+
+
+def _classify_pair(repo: Path, entry: Entry, oc: str, nc: str) -> None:
+    """Split a changed pair: the same +/- lines in every file is context-only."""
+    before, after = changed_lines(repo, oc), changed_lines(repo, nc)
+    if before == after:
+        entry.cls = CONTEXT_ONLY
+        entry.note = "upstream changed the lines around it; its own +/- lines are identical"
+        if _message(repo, oc) != _message(repo, nc):
+            entry.note += "; the commit message changed"
+    else:
+        entry.cls = CONTENT_CHANGED
+        entry.note = describe_change(before, after)
+
+
+def _pair_by_name(repo: Path, entries: list[Entry], old: list[str], new: list[str]) -> list[Entry]:
+    """Re-pair a `<` and a `>` that carry the same patch file name.
+
+    range-diff pairs by similarity, so a small patch whose resolution rewrote most of it comes out
+    as dropped + new. Patch-Filename is the series' own identity of a patch, so trust it.
+    """
+    dropped = {e.old_name for e in entries if e.cls == DROPPED}
+    twins = {e.new_name: e for e in entries if e.cls == NEW and e.new_name in dropped}
+    result = []
+    for e in entries:
+        if e.cls == NEW and e.new_name in twins:
+            continue  # merged into its dropped twin below
+        twin = twins.get(e.old_name) if e.cls == DROPPED else None
+        if twin is None:
+            result.append(e)
+            continue
+        assert e.old_pos is not None and twin.new_pos is not None
+        oc, nc = old[e.old_pos - 1], new[twin.new_pos - 1]
+        merged = Entry("", e.old_pos, twin.new_pos, e.old_name, twin.new_name, twin.subject)
+        _classify_pair(repo, merged, oc, nc)
+        one = [
+            "range-diff",
+            "--no-color",
+            "--no-notes",
+            "--creation-factor=100",
+            f"{oc}^..{oc}",
+            f"{nc}^..{nc}",
+        ]
+        text = gitutil.git(one, repo).stdout.decode("utf-8", errors="replace")
+        merged.body = [line[4:] for line in text.splitlines() if line.startswith("    ")]
+        result.append(merged)
+    return result
+
+
+def _message(repo: Path, commit: str) -> str:
+    return gitutil.out(["log", "-1", "--format=%B", commit], repo)
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def to_markdown(rd: RangeDiff, title: str, old_label: str, new_label: str) -> str:
+    """The PR-description form: a table per patch, the summary, git's own output folded away."""
+
+    def pos(p: int | None) -> str:
+        return str(p) if p is not None else "–"
+
+    lines = [f"## {title}", "", f"Before: {old_label}  ", f"After: {new_label}", ""]
+    lines += ["| # | patch | result | note |", "| --- | --- | --- | --- |"]
+    for e in rd.entries:
+        note = e.note.replace("|", "\\|")
+        lines.append(f"| {pos(e.old_pos)} → {pos(e.new_pos)} | `{e.name}` | {e.cls} | {note} |")
+    lines += ["", f"Summary: {rd.summary()}.", ""]
+    changed = [e for e in rd.entries if e.cls == CONTENT_CHANGED]
+    if changed:
+        lines.append("Content changes to review:")
+        lines.append("")
+        for e in changed:
+            lines += [f"<details><summary><code>{e.name}</code></summary>", "", "```diff", *e.body, "```", "",
+                      "</details>", ""]  # fmt: skip
+    lines += ["<details><summary>git range-diff</summary>", "", "```", rd.raw.rstrip("\n"), "```", "",
+              "</details>", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- series against series
+
+
+def apply_on(repo: Path, base: str, series_dir: Path) -> str:
+    """Apply ``series_dir`` on ``base`` in the scratch ``repo``; return the tip."""
+    patches.reset_to(repo, base)
+    names = series.read_order(series_dir)
+    failure = patches.run_am(repo, patches.mbox(series_dir, names), names)
+    if failure:
+        patches.abort_am(repo)
+        raise ToolError(
+            f"{series_dir}: patch {failure.index + 1} '{failure.name}' does not apply on {base[:12]} "
+            f"(files: {', '.join(failure.files) or '?'}); run `nox -s check`"
+        )
+    return gitutil.rev_parse(repo, "HEAD")
+
+
+def carried_versions(root: Path) -> list[str]:
+    nxt = root / "series" / "next"
+    found = [p.name for p in nxt.iterdir() if (p / "pin.toml").is_file()] if nxt.is_dir() else []
+    return sorted(found, key=version_key)
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sort key of a release version (0.5.9 < 0.5.23; .postN after the release)."""
+    nums = [int(n) for n in re.findall(r"\d+", version)]
+    return tuple(nums)
+
+
+def series_range_diff(root: Path, version: str) -> tuple[RangeDiff, str]:
+    """series/ on the pin against series/next/<version>/ on its carried base; (result, markdown)."""
+    t = project.target(root, version)
+    if not t.carried:
+        raise ToolError(f"{version} is the pinned release: there is nothing to compare series/ with")
+    pin = t.load_pin()
+    old_pin = project.Target(root, None).load_pin()
+    up = upstream.obtain(t, quiet=True)
+    old_base = parent_base(t, up)
+    with patches.scratch_clone(up) as repo:
+        old_tip = apply_on(repo, old_base, root / "series")
+        new_tip = apply_on(repo, up.base, t.series_dir)
+        rd = classify(repo, old_base, old_tip, up.base, new_tip, notes=dropped_notes(t.series_dir))
+    md = to_markdown(
+        rd,
+        f"Range-diff: series on sglang {old_pin.version} → {pin.version}",
+        f"`series/` on sglang {old_pin.version} (base `{old_base[:12]}`)",
+        f"`series/next/{version}/` on sglang {pin.version} "
+        f"(PyPI wheel `{pin.wheel.filename}`, base `{up.base[:12]}`)",
+    )
+    return rd, md
+
+
+def parent_base(t: Target, up: upstream.Upstream) -> str:
+    """The pinned import a carried base descends from (rebuilt if the tree predates the ref)."""
+    proc = gitutil.git(
+        ["rev-parse", "--verify", "-q", f"{upstream.PARENT_REF}^{{commit}}"], up.repo, check=False
+    )
+    if proc.returncode == 0:
+        return proc.stdout.decode().strip()
+    return upstream.materialize_carried(up.repo, t.load_pin(), upstream.parent_pin(t))[0]
+
+
+def dropped_notes(series_dir: Path) -> dict[str, str]:
+    """Notes for patches a carry dropped, from carried.toml (range-diff shows them as `<`)."""
+    dropped = upstream.read_carried(series_dir).get("dropped", {})
+    if not isinstance(dropped, dict):
+        return {}
+    return {str(name): f"Applied-Upstream: {value}" for name, value in dropped.items()}
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def cmd_range_diff(ns: argparse.Namespace) -> int:
+    root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
+    version = ns.upstream
+    if version is None:
+        versions = carried_versions(root)
+        if not versions:
+            raise ToolError("no carried series under series/next/: carry one with `nox -s rebase -- VERSION`")
+        version = versions[-1]
+    _, md = series_range_diff(root, version)
+    out = Path(ns.output) if ns.output else root / "build" / f"range-diff-{version}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(md)
+    print(md)
+    print(f"(written to {out})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "range-diff", help="classify each patch of series/ against a carried series (PR description markdown)"
+    )
+    p.add_argument(
+        "--upstream", metavar="VERSION", help="carried release (default: the newest under series/next/)"
+    )
+    p.add_argument("--output", metavar="PATH", help="markdown file (default build/range-diff-VERSION.md)")
+    p.set_defaults(func=cmd_range_diff)
