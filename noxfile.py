@@ -99,7 +99,8 @@ def bench(session: nox.Session) -> None:
 def bisect(session: nox.Session) -> None:
     """Apply each prefix of the series in a scratch clone: imports, byte-compiles, its tests pass."""
     session.install("-e", ".[test]")
-    session.run("python", "-m", "bf16k", "bisect", *session.posargs)
+    env = {} if _has_cuda(session) else {"TRITON_INTERPRET": "1"}
+    session.run("python", "-m", "bf16k", "bisect", *session.posargs, env=env)
 
 
 @nox.session(python=False, tags=["series"], default=False)
