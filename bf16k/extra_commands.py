@@ -27,7 +27,7 @@ def cmd_bisect(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("build", help="compile every CUDA kernel instantiation the bf16 path uses")
     p.add_argument("--upstream", metavar="VERSION", help="build a carried release's tree")
     p.add_argument("--arch", action="append", help="architecture from kernels/manifest.toml (repeatable)")

@@ -10,14 +10,15 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from bf16k import gitutil, series, upstream
 from bf16k.errors import ToolError
-from bf16k.pin import Pin, save as save_pin
+from bf16k.pin import Pin
+from bf16k.pin import save as save_pin
 from bf16k.project import SUBMODULE_PATH, Target
 
 FORMAT_PATCH_FLAGS = (

@@ -19,7 +19,7 @@ ALLOWED_PREFIX = "python/sglang/"  # the wheel holds only the sglang package
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*\.patch$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
-_DIFF_HEADER = re.compile(rb"^diff --git a/(\S+) b/(\S+)$", re.M)
+_DIFF_HEADER = re.compile(rb"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 KNOWN_TRAILERS = {
     "Forwarded", "Last-Update", "Bug", "Ref", "Applied-Upstream", "Origin", "Author",
     "Reviewed-by", "Patch-Filename", "Signed-off-by", "Co-authored-by",
@@ -89,7 +89,7 @@ def _decode_subject(raw: str) -> str:
 
 def split_message(data: bytes) -> tuple[bytes, bytes]:
     """(mail header + message, diff): the message ends where `git am` stops reading it."""
-    m = re.search(rb"^(---\n|diff --git )", data, re.M)
+    m = re.search(rb"^(---\n|diff --git )", data, re.MULTILINE)
     if not m:
         return data, b""
     return data[: m.start()], data[m.start() :]
@@ -123,12 +123,10 @@ def parse_patch(path: Path) -> PatchInfo:
             trailers[m.group(1)] = m.group(2).strip()
         else:
             body_lines.append(line)
-    files = []
-    for m in _DIFF_HEADER.finditer(diff):
-        files.append(m.group(1).decode())
+    files = [d.group(1).decode() for d in _DIFF_HEADER.finditer(diff)]
     new_files = [
         m.group(1).decode()
-        for m in re.finditer(rb"^diff --git a/(\S+) b/\S+\nnew file mode", diff, re.M)
+        for m in re.finditer(rb"^diff --git a/(\S+) b/\S+\nnew file mode", diff, re.MULTILINE)
     ]
     return PatchInfo(path.name, path, subject, "\n".join(body_lines).strip(), trailers, files, new_files)
 

@@ -86,11 +86,11 @@ def _pip_download(pin: Pin, dest: Path) -> None:
 def _pypi_json_download(pin: Pin, dest: Path) -> None:
     name, version, *_ = _wheel_tags(pin.wheel.filename)
     url = f"https://pypi.org/pypi/{name}/{version}/json"
-    with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 (fixed https URL)
+    with urllib.request.urlopen(url, timeout=60) as resp:
         meta = json.load(resp)
     for entry in meta.get("urls", []):
         if entry.get("filename") == pin.wheel.filename:
-            with urllib.request.urlopen(entry["url"], timeout=600) as resp:  # noqa: S310
+            with urllib.request.urlopen(entry["url"], timeout=600) as resp:
                 (dest / pin.wheel.filename).write_bytes(resp.read())
             return
     raise ToolError(f"PyPI lists no file {pin.wheel.filename} for {name} {version}")
@@ -339,9 +339,10 @@ def git_dir(repo: Path) -> Path:
 
 def read_state(repo: Path) -> dict[str, str]:
     try:
-        return json.loads((git_dir(repo) / STATE_FILE).read_text())
+        data = json.loads((git_dir(repo) / STATE_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def write_state(repo: Path, state: dict[str, str]) -> None:
@@ -364,17 +365,21 @@ def _try_submodule(root: Path, pin: Pin, timeout: float) -> tuple[bool, str]:
     """Run `git submodule update --init`; leave nothing half-made behind when it fails."""
     sub = root / SUBMODULE_PATH
     existed = sub.exists()
+    ok = False
     try:
         proc = gitutil.git(
             ["submodule", "update", "--init", "--", SUBMODULE_PATH], root, check=False, timeout=timeout
         )
     except ToolError as exc:
-        proc = None
         reason = str(exc)
     else:
-        reason = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        reason = reason[0]
-    if proc is not None and proc.returncode == 0 and gitutil.has_commit(sub, pin.commit):
+        # git's first "fatal:" line says why (e.g. "Could not resolve host"); the last only that
+        # it gave up.
+        lines = proc.stderr.decode(errors="replace").strip().splitlines()
+        fatal = [line for line in lines if line.startswith("fatal:")]
+        reason = (fatal or lines or [""])[0]
+        ok = proc.returncode == 0 and gitutil.has_commit(sub, pin.commit)
+    if ok:
         return True, "git submodule update --init"
     # A failed clone leaves an empty folder and maybe a partial .git/modules entry; remove only
     # what is empty or was created by this attempt.

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = "verify/results/h200"  # where the H200 run of this repository is committed

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from bf16k import gitutil, patches, pin as pinmod, upstream
+from bf16k import gitutil, patches, upstream
+from bf16k import pin as pinmod
 from bf16k.project import SUBMODULE_PATH, Target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

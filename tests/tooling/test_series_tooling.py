@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bf16k import gitutil, patches, pin as pinmod, series, upstream
+from bf16k import gitutil, patches, series, upstream
+from bf16k import pin as pinmod
 from bf16k.errors import ToolError
 from bf16k.project import Target
 

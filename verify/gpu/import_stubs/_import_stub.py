@@ -11,18 +11,18 @@ into one fails loudly instead of computing. `verify/gpu/run.sh` puts this folder
 
 from __future__ import annotations
 
-
 import importlib.abc
 import importlib.machinery
 import sys
 import types
 from typing import Any
 
+
 class _Missing:
     def __init__(self, name: str) -> None:
         self._name = name
 
-    def __getattr__(self, attr: str) -> "_Missing":
+    def __getattr__(self, attr: str) -> _Missing:
         if attr.startswith("__"):
             raise AttributeError(attr)
         return _Missing(f"{self._name}.{attr}")
