@@ -1,12 +1,18 @@
 """Writer and reader of indexer captures (``dsv4-indexer-capture`` v1); see REPLAY.md.
 
-Importable with torch and the standard library only: the capture patch calls
-:func:`write_capture` from inside SGLang at the indexer logits entry.
+Importable with torch and the standard library only. The capture patch
+(``indexer-capture.patch``) writes the same format from inside SGLang with its own small
+writer (a deployment has no ``verify`` package); this module is the reference reader.
+
+fp4 captures (an upstream fp4 indexer server, 68-B pages and fp4 q) are a compatible v1
+addition: readers before it reject them by ``index_k_format``. :func:`read_capture` decodes
+them exactly into their bf16 equivalent by default, so every tier-2 consumer scores them
+unchanged (``decode_fp4=False`` keeps the raw bytes).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -15,7 +21,11 @@ FORMAT = "dsv4-indexer-capture"
 VERSION = 1
 PAGE_SIZE = 64
 HEAD_DIM = 128
-SLOT_BYTES = {"fp8": HEAD_DIM + 4, "bf16": HEAD_DIM * 2}
+SLOT_BYTES = {"fp8": HEAD_DIM + 4, "bf16": HEAD_DIM * 2, "fp4": HEAD_DIM // 2 + 4}
+FP4_Q_DTYPE = "float4_e2m1fn_x2"  # q as packed e2m1 codes (uint8 [R, H, 64]) + q_scale_ue8m0
+FP4_BLOCK = 32  # values per ue8m0 scale byte (keys and q)
+# e2m1 code -> value; bit 3 is the sign, low nibble of a byte = the even dim
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 MetaValue = str | int | float | bool | None
 
 
@@ -23,8 +33,8 @@ MetaValue = str | int | float | bool | None
 class Capture:
     """A validated capture; tensors on CPU unless ``read_capture(map_location=...)`` says otherwise."""
 
-    index_k_format: str  # "fp8" | "bf16"
-    q: torch.Tensor  # [rows, H, 128] float8_e4m3fn (or bf16)
+    index_k_format: str  # "fp8" | "bf16" | "fp4" (raw fp4 only with read_capture(decode_fp4=False))
+    q: torch.Tensor  # [rows, H, 128] float8_e4m3fn (or bf16); raw fp4: uint8 [rows, H, 64]
     weights: torch.Tensor  # [rows, H] fp32, q scale folded in
     index_k_pages: torch.Tensor  # [num_pages, 64 * slot_bytes] uint8
     page_table: torch.Tensor  # [rows, max_pages] int32
@@ -37,6 +47,7 @@ class Capture:
     q_ref: torch.Tensor | None = None  # [rows, H, 128] unquantized rotated q
     weights_ref: torch.Tensor | None = None  # [rows, H] fp32 weights without the q scale
     row_tokens: torch.Tensor | None = None  # [rows] int64 prompt position of each query row
+    q_scale_ue8m0: torch.Tensor | None = None  # raw fp4 q only: [rows, H, 4] uint8 exponents
 
     @property
     def rows(self) -> int:
@@ -94,15 +105,21 @@ def write_capture(
     q_ref: torch.Tensor | None = None,
     weights_ref: torch.Tensor | None = None,
     row_tokens: torch.Tensor | None = None,
+    q_scale_ue8m0: torch.Tensor | None = None,
     compact: bool = True,
 ) -> Path:
     """Save one indexer call's inputs. Tensors may be on any device (copied to CPU).
 
     ``q`` is ``[rows, H, 128]`` or ``[rows, 1, H, 128]`` (the paged-logits call shape);
     ``index_k_pages`` is the layer's pool buffer (2-D uint8, as allocated) or just the pages the
-    page table references. With ``compact`` only referenced pages are written.
+    page table references. With ``compact`` only referenced pages are written. An fp4 q is
+    given as its packed codes (``[rows, H, 64]`` uint8/int8) plus ``q_scale_ue8m0``
+    (``[rows, H, 4]`` uint8, or the kernel's int32 ``[rows, H]``).
     """
     q = _as_rows_q(q)
+    if q_scale_ue8m0 is not None:
+        q = q.view(torch.uint8)
+        q_scale_ue8m0 = q_scale_ue8m0.contiguous().view(torch.uint8).reshape(*q.shape[:2], -1)
     seq_lens = seq_lens.reshape(-1)
     pages, table, ref = index_k_pages, page_table, k_ref
     if compact:
@@ -113,7 +130,7 @@ def write_capture(
         "index_k_format": index_k_format,
         "page_size": int(page_size),
         "index_topk": int(index_topk),
-        "q_dtype": str(q.dtype).replace("torch.", ""),
+        "q_dtype": FP4_Q_DTYPE if q_scale_ue8m0 is not None else str(q.dtype).replace("torch.", ""),
         # float8 tensors are stored as their bytes: readers on older torch can still load them
         "q": q.detach().contiguous().cpu().view(torch.uint8) if q.dtype == torch.float8_e4m3fn else q.detach().cpu(),
         "weights": weights.detach().reshape(q.shape[0], -1).float().cpu(),
@@ -128,6 +145,7 @@ def write_capture(
         ("q_ref", q_ref, None),
         ("weights_ref", weights_ref, torch.float32),
         ("row_tokens", row_tokens, torch.int64),
+        ("q_scale_ue8m0", q_scale_ue8m0, torch.uint8),
     ):
         if t is not None:
             t = t.detach().cpu()
@@ -160,6 +178,7 @@ def _from_payload(p: dict[str, object]) -> Capture:
         q_ref=p.get("q_ref"),  # type: ignore[arg-type]
         weights_ref=p.get("weights_ref"),  # type: ignore[arg-type]
         row_tokens=p.get("row_tokens"),  # type: ignore[arg-type]
+        q_scale_ue8m0=p.get("q_scale_ue8m0"),  # type: ignore[arg-type]
     )
 
 
@@ -173,8 +192,19 @@ def validate(c: Capture) -> None:
     need(c.index_k_format in SLOT_BYTES, f"index_k_format must be one of {sorted(SLOT_BYTES)}, got {c.index_k_format!r}")
     need(c.page_size == PAGE_SIZE, f"page_size must be {PAGE_SIZE}")
     rows = c.rows
-    need(c.q.dim() == 3 and c.q.shape[0] == rows and c.q.shape[2] == HEAD_DIM, f"q must be [rows={rows}, H, 128], got {tuple(c.q.shape)}")
-    need(c.q.dtype in (torch.float8_e4m3fn, torch.bfloat16), f"q dtype must be float8_e4m3fn or bfloat16, got {c.q.dtype}")
+    if c.q_scale_ue8m0 is not None:  # raw fp4 q: packed codes + one exponent per 32 dims
+        need(
+            c.q.dtype == torch.uint8 and c.q.dim() == 3 and tuple(c.q.shape[::2]) == (rows, HEAD_DIM // 2),
+            f"fp4 q must be uint8 [rows={rows}, H, {HEAD_DIM // 2}], got {c.q.dtype} {tuple(c.q.shape)}",
+        )
+        need(
+            c.q_scale_ue8m0.dtype == torch.uint8
+            and tuple(c.q_scale_ue8m0.shape) == (rows, c.q.shape[1], HEAD_DIM // FP4_BLOCK),
+            f"q_scale_ue8m0 must be uint8 [rows, H, {HEAD_DIM // FP4_BLOCK}]",
+        )
+    else:
+        need(c.q.dim() == 3 and c.q.shape[0] == rows and c.q.shape[2] == HEAD_DIM, f"q must be [rows={rows}, H, 128], got {tuple(c.q.shape)}")
+        need(c.q.dtype in (torch.float8_e4m3fn, torch.bfloat16), f"q dtype must be float8_e4m3fn or bfloat16, got {c.q.dtype}")
     heads = int(c.q.shape[1])
     need(tuple(c.weights.shape) == (rows, heads) and c.weights.dtype == torch.float32, f"weights must be fp32 [{rows}, {heads}]")
     need(c.index_k_pages.dtype == torch.uint8 and c.index_k_pages.dim() == 2, "index_k_pages must be 2-D uint8")
@@ -197,7 +227,7 @@ def validate(c: Capture) -> None:
     if c.k_ref is not None:
         need(tuple(c.k_ref.shape) == (c.num_pages * PAGE_SIZE, HEAD_DIM), "k_ref must be [num_pages * 64, 128]")
     if c.q_ref is not None:
-        need(tuple(c.q_ref.shape) == tuple(c.q.shape), "q_ref must match q's shape")
+        need(tuple(c.q_ref.shape) == (rows, heads, HEAD_DIM), "q_ref must be [rows, H, 128]")
     if c.weights_ref is not None:
         need(tuple(c.weights_ref.shape) == (rows, heads), "weights_ref must be [rows, H]")
     if c.row_tokens is not None:
@@ -206,12 +236,65 @@ def validate(c: Capture) -> None:
         need(isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))), f"metadata[{k!r}] must be a str/int/float/bool/None")
 
 
-def read_capture(path: str | Path, map_location: str | torch.device = "cpu") -> Capture:
+def read_capture(
+    path: str | Path, map_location: str | torch.device = "cpu", decode_fp4: bool = True
+) -> Capture:
+    """Load and validate a capture. fp4 keys / q come back as their exact bf16 equivalent
+    (see :func:`decode_fp4_capture`) unless ``decode_fp4`` is False."""
     payload = torch.load(Path(path), map_location=map_location, weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file")
     if int(payload.get("version", -1)) != VERSION:
         raise ValueError(f"{path}: {FORMAT} version {payload.get('version')} (this reader: {VERSION})")
+    if payload.get("q_dtype") == FP4_Q_DTYPE and "q_scale_ue8m0" not in payload:
+        raise ValueError(f"{path}: q_dtype {FP4_Q_DTYPE} needs q_scale_ue8m0")
     cap = _from_payload(payload)
     validate(cap)
-    return cap
+    return decode_fp4_capture(cap) if decode_fp4 else cap
+
+
+# ---------------------------------------------------------------------------------------------
+# fp4 (e2m1 + one ue8m0 exponent per 32 values): upstream's fp4 indexer, 68 B per key
+# ---------------------------------------------------------------------------------------------
+
+
+def fp4_decode(codes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+    """Packed e2m1 ``[..., D/2]`` (low nibble = even dim) and ue8m0 exponents ``[..., D/32]``
+    (value ``2^(e - 127)``) -> fp32 ``[..., D]``, exactly."""
+    u = codes.view(torch.uint8)
+    nibbles = torch.stack([u & 0x0F, u >> 4], dim=-1).flatten(-2).long()
+    values = torch.tensor(E2M1_VALUES, device=u.device)[nibbles]
+    scale = torch.exp2(exponents.to(torch.float32) - 127.0).repeat_interleave(FP4_BLOCK, dim=-1)
+    return values * scale
+
+
+def fp4_pages_to_bf16(pages: torch.Tensor) -> torch.Tensor:
+    """68-B fp4 pages ``[P, 64 * 68]`` -> 256-B bf16 pages ``[P, 64 * 256]`` holding the same
+    key values. Page layout (upstream ``DeepSeekV4IndexerPool.get_index_k_fp4``): all 64
+    payloads (64 B each) first, then all 64 scale words (4 exponent bytes each)."""
+    num_pages = pages.shape[0]
+    payload = pages[:, : PAGE_SIZE * HEAD_DIM // 2].reshape(num_pages, PAGE_SIZE, HEAD_DIM // 2)
+    exps = pages[:, PAGE_SIZE * HEAD_DIM // 2 :].reshape(num_pages, PAGE_SIZE, HEAD_DIM // FP4_BLOCK)
+    keys = fp4_decode(payload, exps).to(torch.bfloat16)
+    return keys.reshape(num_pages, -1).view(torch.uint8)
+
+
+def decode_fp4_capture(cap: Capture) -> Capture:
+    """The bf16 equivalent of an fp4 capture: every e2m1 value times a power of two is a bf16
+    (exponents up to 252), so the keys and q replay exactly through the bf16 paths. fp4 q
+    weights carry no q scale (it is decoded into q), which is what the bf16 scorers expect.
+    Captures without fp4 pass through unchanged."""
+    if cap.index_k_format != "fp4" and cap.q_scale_ue8m0 is None:
+        return cap
+    meta = dict(cap.metadata)
+    q = cap.q
+    if cap.q_scale_ue8m0 is not None:
+        q = fp4_decode(cap.q, cap.q_scale_ue8m0).to(torch.bfloat16)
+        meta["decoded_q_from"] = FP4_Q_DTYPE
+    pages, fmt = cap.index_k_pages, cap.index_k_format
+    if fmt == "fp4":
+        pages, fmt = fp4_pages_to_bf16(pages), "bf16"
+        meta["captured_index_k_format"] = "fp4"
+    out = replace(cap, index_k_format=fmt, q=q, index_k_pages=pages, metadata=meta, q_scale_ue8m0=None)
+    validate(out)
+    return out
