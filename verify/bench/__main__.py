@@ -14,6 +14,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m verify.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     parser.add_argument("--only", choices=("read", "store"), help="run one bench")
+    parser.add_argument(
+        "--timing",
+        choices=("graph", "eager"),
+        default="graph",
+        help="graph: CUDA-graph replay, cold L2 (default); eager: triton do_bench per launch",
+    )
     ns, rest = parser.parse_known_args(argv)
     import torch
 
@@ -24,9 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     codes = []
     if ns.only in (None, "read"):
-        codes.append(read.main(["--out", str(ns.out), *rest]))
+        codes.append(read.main(["--out", str(ns.out), "--timing", ns.timing, *rest]))
     if ns.only in (None, "store"):
-        codes.append(store.main(["--out", str(ns.out)]))
+        codes.append(store.main(["--out", str(ns.out), "--timing", ns.timing]))
     return max(int(c or 0) for c in codes)
 
 

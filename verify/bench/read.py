@@ -16,7 +16,10 @@ Per shape, in one process on one GPU:
 
 Shapes: decode (rows = batch 1..64, every row ``keys`` long, its own pages) and prefill (rows =
 the query tokens of one request with causal lengths, one shared table). Times are medians of
-``triton.testing.do_bench`` (it clears L2 before every run). Bytes are the keys a row-by-row read
+CUDA-graph replays (``verify.bench.timing``: calls captured back to back over enough replicas of
+the keys that each call starts with a cold L2, as in a model step; a decode kernel of a few
+microseconds timed eagerly measures Python's launch, not the GPU); ``--timing eager`` uses
+``triton.testing.do_bench`` (L2 cleared before every run) instead. Bytes are the keys a row-by-row read
 moves (sum of lengths x 256 B for bf16, x 132 B for fp8); for prefill the rows share keys, so
 most reads hit L2 and "% of HBM" exceeds what HBM could do alone -- the unique key bytes are
 reported beside it. Peak extra memory is ``max_memory_allocated`` over the call minus what was
@@ -37,13 +40,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from verify.bench.timing import graph_ms, replicas_for, replicate_pages
 from verify.parity.read_reference import (
     BF16_SLOT_BYTES,
+    DIM,
     FP8_SLOT_BYTES,
     PAGE,
     causal_lengths,
@@ -118,6 +124,7 @@ class Timing:
     ms: float | None = None
     error: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None  # e.g. graph capture failed, timed eagerly
 
 
 @dataclass
@@ -135,6 +142,7 @@ class ShapeResult:
     fp8_sweep: list[Timing] = field(default_factory=list)
     bf16_no_tail_fill: Timing | None = None  # wide shapes: the best config, fill_tail=False
     skipped: str | None = None
+    replicas: int = 1  # copies of the keys one graph replay rotates through (cold L2 per call)
 
     def derived(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -183,13 +191,28 @@ def peak_extra(fn: Callable[[], Any]) -> int:
 
 
 def timed(
-    label: str, fn: Callable[[], Any], args: argparse.Namespace, config: dict[str, Any] | None = None
+    label: str,
+    calls: list[Callable[[], Any]],
+    args: argparse.Namespace,
+    config: dict[str, Any] | None = None,
 ) -> Timing:
+    """Times one implementation: ``calls`` are the same call on each replica of the inputs
+    (graph timing rotates through them; eager timing uses the first)."""
     timing = Timing(label, config=config or {})
     try:
-        fn()  # compile / first-touch outside the timing
+        calls[0]()  # compile / first-touch outside the timing
         torch.cuda.synchronize()
-        timing.ms = bench_ms(fn, args.warmup_ms, args.rep_ms)
+        if args.timing == "graph":
+            try:
+                timing.ms = graph_ms(calls, args.rep_ms)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as error:  # noqa: BLE001 - a call that cannot be captured is timed eagerly
+                torch.cuda.synchronize()
+                timing.note = f"graph capture failed ({type(error).__name__}); timed eagerly"
+                timing.ms = bench_ms(calls[0], args.warmup_ms, args.rep_ms)
+        else:
+            timing.ms = bench_ms(calls[0], args.warmup_ms, args.rep_ms)
     except torch.cuda.OutOfMemoryError as error:
         timing.error = f"out of memory: {str(error).splitlines()[0][:120]}"
     except Exception as error:  # noqa: BLE001 - a config that does not compile (shared memory) is skipped
@@ -246,33 +269,56 @@ def run_shape(shape: Shape, module: Any, args: argparse.Namespace) -> ShapeResul
         device="cuda",
     )
     fp8_pool, _ = pack_fp8_pages(case.pool, dequantized=False)
-    fp8_view = fp8_pool.view(-1, PAGE, 1, FP8_SLOT_BYTES)
-    bf16_view = case.pool_view()
+    # Replicas of the keys (same pages and order, distinct memory) for graph timing.
+    copies = (
+        replicas_for(result.unique_key_bytes_bf16, result.key_bytes_bf16) if args.timing == "graph" else 1
+    )
+    result.replicas = copies
+    bf16_pool, tables = replicate_pages(case.pool, case.page_table, copies)
+    fp8_big, _ = replicate_pages(fp8_pool, case.page_table, copies)
+    fp8_view = fp8_big.view(-1, PAGE, 1, FP8_SLOT_BYTES)
+    bf16_view = bf16_pool.view(-1, PAGE, 1, DIM)
     with_config = module.bf16_paged_mqa_logits_with_config
 
-    def bf16(config: Any = None, fill_tail: bool = True) -> Callable[[], torch.Tensor]:
-        return lambda: with_config(
-            case.q,
-            bf16_view,
-            case.weights,
-            case.seq_lens,
-            case.page_table,
-            case.max_seq_len,
-            config,
-            fill_tail=fill_tail,
-        )
+    def bf16(config: Any = None, fill_tail: bool = True) -> list[Callable[[], torch.Tensor]]:
+        return [
+            partial(
+                with_config,
+                case.q,
+                bf16_view,
+                case.weights,
+                case.seq_lens,
+                table,
+                case.max_seq_len,
+                config,
+                fill_tail=fill_tail,
+            )
+            for table in tables
+        ]
 
-    def fp8(config: Any = None) -> Callable[[], torch.Tensor]:
-        return lambda: fp8_paged_mqa_logits_twin(
-            case.q,
-            fp8_view,
-            case.weights,
-            case.seq_lens,
-            case.page_table,
-            None,
-            case.max_seq_len,
-            config=config,
-        )
+    def fp8(config: Any = None) -> list[Callable[[], torch.Tensor]]:
+        return [
+            partial(
+                fp8_paged_mqa_logits_twin,
+                case.q,
+                fp8_view,
+                case.weights,
+                case.seq_lens,
+                table,
+                None,
+                case.max_seq_len,
+                config=config,
+            )
+            for table in tables
+        ]
+
+    def gather() -> list[Callable[[], torch.Tensor]]:
+        return [
+            partial(
+                naive_gather_logits, case.q, bf16_pool, case.weights, case.seq_lens, table, case.max_seq_len
+            )
+            for table in tables
+        ]
 
     default_cfg = module.select_config(case.rows, case.max_seq_len, case.heads)
     result.bf16_default = timed("bf16 default", bf16(None), args, asdict(default_cfg))
@@ -310,23 +356,15 @@ def run_shape(shape: Shape, module: Any, args: argparse.Namespace) -> ShapeResul
             error=f"skipped: needs ~{gather_bytes / 1e9:.1f} GB > limit {limit / 1e9:.1f} GB (would OOM)",
         )
     else:
-        result.gather = timed(
-            "gather",
-            lambda: naive_gather_logits(
-                case.q, case.pool, case.weights, case.seq_lens, case.page_table, case.max_seq_len
-            ),
-            args,
-        )
+        result.gather = timed("gather", gather(), args)
 
     best_cfg = result.bf16_best.config if result.bf16_best else None
     memory_fns: dict[str, Callable[[], Any]] = {
-        "bf16": bf16(type(default_cfg)(**best_cfg) if best_cfg else None),
-        "fp8": fp8(None),
+        "bf16": bf16(type(default_cfg)(**best_cfg) if best_cfg else None)[0],
+        "fp8": fp8(None)[0],
     }
     if result.gather and result.gather.ms is not None:
-        memory_fns["gather"] = lambda: naive_gather_logits(
-            case.q, case.pool, case.weights, case.seq_lens, case.page_table, case.max_seq_len
-        )
+        memory_fns["gather"] = gather()[0]
     for name, fn in memory_fns.items():
         try:
             result.peak_extra_bytes[name] = peak_extra(fn)
@@ -500,6 +538,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gather-limit-gb", type=float, default=40.0)
     parser.add_argument("--no-gather", action="store_true")
+    parser.add_argument(
+        "--timing",
+        choices=["graph", "eager"],
+        default="graph",
+        help="graph: CUDA-graph replay over cold replicas (default); eager: triton do_bench per launch",
+    )
     parser.add_argument("--warmup-ms", type=int, default=10)
     parser.add_argument("--rep-ms", type=int, default=40)
     parser.add_argument(
@@ -535,7 +579,11 @@ def main(argv: list[str] | None = None) -> int:
         "kernel_module": getattr(module, "__file__", "?"),
         "kernel_route": route,
         "fp8_baseline": "verify.bench.fp8_twin (Triton twin over upstream's 132-B fp8 pages; DeepGEMM crashes here)",
-        "timing": f"triton.testing.do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms, L2 cleared per run",
+        "timing": (
+            f"CUDA-graph replay median per call, rep {args.rep_ms} ms, keys replicated to >= 256 MiB per replay (cold L2)"
+            if args.timing == "graph"
+            else f"triton.testing.do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms, L2 cleared per run"
+        ),
         "profile": args.profile,
         "sweep": args.sweep,
         "heads": args.heads,

@@ -2,8 +2,9 @@
 
 Times upstream's ``compress_norm_rope_store`` alone (the store kernel; the compress step before
 it is shared by both formats and prepared once), for decode batches and prefill chunks of
-several sizes, with the median of ``triton.testing.do_bench`` (CUDA events if triton is
-missing). Target (DESIGN.md): the bf16 store is no slower than fp8, which it replaces.
+several sizes. Timing: the median of CUDA-graph replays of ``GRAPH_CALLS`` stores captured back
+to back (``verify.bench.timing``; a store of a few microseconds timed eagerly measures Python's
+launch), or with ``--timing eager`` ``triton.testing.do_bench``. Target (DESIGN.md): the bf16 store is no slower than fp8, which it replaces.
 
     PYTHONPATH=/path/to/patched/python:/path/to/repo python -m verify.bench.store --out DIR
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from verify.bench.timing import graph_ms
 from verify.parity.store_cases import DecodeCase, PrefillCase, make_prefill_case
 from verify.parity.store_driver import (
     Prepared,
@@ -41,6 +43,8 @@ from verify.parity.store_layout import BF16_LAYOUT, FP8_LAYOUT
 # planner's 65536-token limit).
 DEFAULT_DECODE_BATCHES = (1, 32, 256, 1024)
 DEFAULT_PREFILL_KEYS = (512, 4096, 16383)
+# Stores per captured graph: enough that the graph launch itself is noise.
+GRAPH_CALLS = 32
 
 
 def time_ms(fn: Callable[[], None], warmup_ms: int, rep_ms: int) -> float:
@@ -77,14 +81,32 @@ def _time_with_events(fn: Callable[[], None], warmup_ms: int, rep_ms: int) -> fl
     return samples[len(samples) // 2]
 
 
-def bench_case(ops: dict[str, Any], prepared: Prepared, warmup_ms: int, rep_ms: int) -> dict[str, Any]:
+def store_ms(fn: Callable[[], None], timing: str, warmup_ms: int, rep_ms: int) -> tuple[float, str | None]:
+    """(median ms per store, a note when graph timing fell back to eager)."""
+    if timing == "graph":
+        try:
+            return graph_ms([fn] * GRAPH_CALLS, rep_ms), None
+        except Exception as error:  # noqa: BLE001 - a store that syncs the host is timed eagerly
+            torch.cuda.synchronize()
+            note = f"graph capture failed ({type(error).__name__}); timed eagerly"
+            return time_ms(fn, warmup_ms, rep_ms), note
+    return time_ms(fn, warmup_ms, rep_ms), None
+
+
+def bench_case(
+    ops: dict[str, Any], prepared: Prepared, warmup_ms: int, rep_ms: int, timing: str = "graph"
+) -> dict[str, Any]:
     """Both formats on the same compressed keys; bytes = keys read (fp32) + keys written."""
     device = torch.device("cuda")
     row: dict[str, Any] = {"case": prepared.name, "keys": int(prepared.slots.numel()), **prepared.info}
     rows_in = sum(int(kv.shape[0]) for kv in prepared.kv)
     for label, layout, bf16 in (("fp8", FP8_LAYOUT, False), ("bf16", BF16_LAYOUT, True)):
         buffer, _ = new_pool_buffer(prepared, layout, device)
-        ms = time_ms(partial(store_fused, ops, prepared, buffer, bf16_store=bf16), warmup_ms, rep_ms)
+        ms, note = store_ms(
+            partial(store_fused, ops, prepared, buffer, bf16_store=bf16), timing, warmup_ms, rep_ms
+        )
+        if note:
+            row[f"{label}_note"] = note
         moved = rows_in * 128 * 4 + int(prepared.slots.numel()) * layout.slot_bytes
         row[f"{label}_us"] = ms * 1e3
         row[f"{label}_gbps"] = moved / (ms * 1e-3) / 1e9
@@ -105,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prefill-keys", type=lambda s: [int(x) for x in s.split(",")], default=list(DEFAULT_PREFILL_KEYS)
     )
+    parser.add_argument("--timing", choices=["graph", "eager"], default="graph")
     parser.add_argument("--warmup-ms", type=int, default=50)
     parser.add_argument("--rep-ms", type=int, default=300)
     args = parser.parse_args(argv)
@@ -129,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             prepare = prepare_prefill if isinstance(case, PrefillCase) else prepare_decode
             prepared = prepare(ops, case, freqs, device)  # type: ignore[arg-type]
             prepared.name = name
-            row = bench_case(ops, prepared, args.warmup_ms, args.rep_ms)
+            row = bench_case(ops, prepared, args.warmup_ms, args.rep_ms, args.timing)
         except Exception as error:  # noqa: BLE001 - one failing size must not hide the others
             row = {"case": name, "error": f"{type(error).__name__}: {error}"}
         rows.append(row)
@@ -143,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_ms": args.warmup_ms,
         "rep_ms": args.rep_ms,
         "statistic": "median",
+        "timing": args.timing,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_store.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
