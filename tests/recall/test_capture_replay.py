@@ -122,6 +122,18 @@ def run(cmd: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.C
     )
 
 
+def replay_on_cpu(path: Path, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Scores a capture file with tier 2's replay mode on the CPU backend, results in ``out``.
+    Exit 0 or 1 is the recall gate's verdict (the caller checks it); anything else fails here."""
+    rp = run(
+        [sys.executable, "-m", "verify.recall", "--replay", str(path), "--backend", "cpu",
+         "--out", str(out), "--no-plots", "--quiet"],
+        env,
+    )  # fmt: skip
+    assert rp.returncode in (0, 1), rp.stdout[-2000:] + rp.stderr[-4000:]
+    return rp
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 def test_capture_from_a_real_pool_replays(upstream_python: Path, tmp_path: Path, fmt: str) -> None:
     env = {
@@ -179,23 +191,7 @@ def test_capture_from_a_real_pool_replays(upstream_python: Path, tmp_path: Path,
         )
 
     out = tmp_path / "replay"
-    rp = run(
-        [
-            sys.executable,
-            "-m",
-            "verify.recall",
-            "--replay",
-            str(path),
-            "--backend",
-            "cpu",
-            "--out",
-            str(out),
-            "--no-plots",
-            "--quiet",
-        ],
-        env,
-    )
-    assert rp.returncode in (0, 1), rp.stdout[-2000:] + rp.stderr[-4000:]
+    rp = replay_on_cpu(path, out, env)
     for name in OUTPUTS:
         assert (out / name).is_file(), name
     res = json.loads((out / "results.json").read_text())
@@ -288,23 +284,7 @@ def test_fp4_capture_decodes_like_the_pool_and_replays(upstream_python: Path, tm
         assert torch.equal(keys[new], ref["keys"][old]), r
 
     out = tmp_path / "replay"
-    rp = run(
-        [
-            sys.executable,
-            "-m",
-            "verify.recall",
-            "--replay",
-            str(path),
-            "--backend",
-            "cpu",
-            "--out",
-            str(out),
-            "--no-plots",
-            "--quiet",
-        ],
-        env,
-    )
-    assert rp.returncode in (0, 1), rp.stdout[-2000:] + rp.stderr[-4000:]
+    replay_on_cpu(path, out, env)
     res = json.loads((out / "results.json").read_text())
     assert all((out / name).is_file() for name in OUTPUTS)
     assert res["per_problem"][0]["metadata"]["captured_index_k_format"] == "fp4"

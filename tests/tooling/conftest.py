@@ -69,10 +69,9 @@ WHY = (
 TRAILERS = "Forwarded: no\nLast-Update: 2026-11-29"
 
 
-@pytest.fixture
-def product(tmp_path: Path, base_repo: Path, real_pin: pinmod.Pin) -> Iterator[Product]:
-    """A product repo (pin, empty series, committed gitlink) with upstream already built from the wheel."""
-    root = tmp_path / "product"
+def make_product(root: Path, base_repo: Path, real_pin: pinmod.Pin) -> Product:
+    """A product repo at ``root`` (pin, empty series, committed gitlink) with upstream already
+    built from the wheel and the (empty) series applied."""
     (root / "series").mkdir(parents=True)
     (root / "series" / "series").write_text("")
     pin = pinmod.Pin(real_pin.version, real_pin.tag, real_pin.commit, real_pin.repository,
@@ -92,7 +91,14 @@ def product(tmp_path: Path, base_repo: Path, real_pin: pinmod.Pin) -> Iterator[P
     upstream.write_state(up, {"source": "wheel", "base": base, "version": pin.version})
     prod = Product(root, Target(root, None))
     patches.apply(prod.target)
-    yield prod
+    return prod
+
+
+@pytest.fixture
+def product(tmp_path: Path, base_repo: Path, real_pin: pinmod.Pin) -> Iterator[Product]:
+    """A product repo (pin, empty series, committed gitlink) with upstream already built from the wheel."""
+    root = tmp_path / "product"
+    yield make_product(root, base_repo, real_pin)
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -26,7 +26,7 @@ from bf16k import pin as pinmod
 from bf16k.errors import ToolError
 from bf16k.project import SUBMODULE_PATH, Target
 
-from .conftest import POOL, REPO_ROOT, TRAILERS, WHY, Product
+from .conftest import POOL, REPO_ROOT, TRAILERS, WHY, Product, make_product
 
 SERVER_ARGS = "python/sglang/srt/server_args.py"
 PROBE = "python/sglang/srt/bf16k_wheel_probe.py"
@@ -34,24 +34,6 @@ DELETED = "python/sglang/README.md"
 MARKER = "bf16k-wheel-fixture-marker"
 ENV = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.com",
        "GIT_AUTHOR_DATE": "1700000000 +0000", "GIT_COMMITTER_DATE": "1700000000 +0000"}  # fmt: skip
-
-
-def _new_product(root: Path, base_repo: Path, real_pin: pinmod.Pin) -> Product:
-    """The conftest `product` (empty series, upstream from the wheel), at a module-scoped path."""
-    (root / "series").mkdir(parents=True)
-    (root / "series" / "series").write_text("")
-    pin = pinmod.Pin(real_pin.version, real_pin.tag, real_pin.commit, real_pin.repository,
-                     pinmod.WheelPin(real_pin.wheel.filename, real_pin.wheel.sha256, real_pin.wheel.base_commit))
-    pinmod.save(pin, root / "pin.toml")
-    gitutil.git(["init", "-q"], root)
-    up = root / SUBMODULE_PATH
-    gitutil.git(["clone", "-q", "--shared", str(base_repo), str(up)], root)
-    base = gitutil.rev_parse(base_repo, "refs/heads/upstream-base")
-    gitutil.git(["branch", "-q", "-f", "upstream-base", base], up)
-    upstream.write_state(up, {"source": "wheel", "base": base, "version": pin.version})
-    prod = Product(root, Target(root, None))
-    patches.apply(prod.target)
-    return prod
 
 
 def _delete_patch(p: Product, path: str, subject: str) -> None:
@@ -72,7 +54,7 @@ class Built:
 def built(tmp_path_factory: pytest.TempPathFactory, base_repo: Path, real_pin: pinmod.Pin,
           wheel_path: Path) -> Built:
     root = tmp_path_factory.mktemp("wheel") / "product"
-    p = _new_product(root, base_repo, real_pin)
+    p = make_product(root, base_repo, real_pin)
     p.commit_patch(SERVER_ARGS, "logger = logging.getLogger(__name__)\n",
                    f'logger = logging.getLogger(__name__)\nBF16K_WHEEL_MARKER = "{MARKER}"\n',
                    "[DSV4] server args: add a fixture marker", WHY, TRAILERS)

@@ -107,6 +107,21 @@ def _ape(seed: int, device: torch.device) -> torch.Tensor:
     return 0.5 * torch.randn(2 * COMPRESS_RATIO, HEAD_DIM, generator=_gen(seed + 2, device), device=device)
 
 
+def _compress(
+    ops: dict[str, Any], state_pool: Any, score: torch.Tensor, ape: torch.Tensor, plan: Any
+) -> torch.Tensor:
+    """Upstream's C4 indexer compress step (head_dim 128, ratio 4) over one plan's scores."""
+    kv: torch.Tensor = ops["compress_forward"](
+        kv_score_buffer=state_pool,
+        kv_score_input=score,
+        ape=ape,
+        plan=plan,
+        head_dim=HEAD_DIM,
+        compress_ratio=COMPRESS_RATIO,
+    )
+    return kv
+
+
 # Upstream's convention: rows that store no key (decode rows inside a window, prefill tokens that
 # close none) carry out_loc 0, a slot the allocator never hands out. The fused kernel skips them;
 # the unfused path writes zeros there to keep shapes static. Page 0 is therefore kept out of
@@ -160,14 +175,7 @@ def prepare_prefill(
             chunk.extend_len,
         )
         score = torch.randn(chunk.extend_len, SCORE_WIDTH, generator=gen, device=device)
-        kv = ops["compress_forward"](
-            kv_score_buffer=state_pool,
-            kv_score_input=score,
-            ape=ape,
-            plan=plan,
-            head_dim=HEAD_DIM,
-            compress_ratio=COMPRESS_RATIO,
-        )
+        kv = _compress(ops, state_pool, score, ape, plan)
         key_pos = chunk.key_positions()
         fields = _decode_plan_fields(plan[1])
         expected_seq = [p + 1 for p in key_pos]
@@ -238,14 +246,7 @@ def prepare_decode(
     plan = ctx.make_decode_plan(seq_lens)
     score = torch.randn(bs, SCORE_WIDTH, generator=_gen(case.seed, device), device=device)
     ape = _ape(case.seed, device)
-    kv = ops["compress_forward"](
-        kv_score_buffer=state_pool,
-        kv_score_input=score,
-        ape=ape,
-        plan=plan,
-        head_dim=HEAD_DIM,
-        compress_ratio=COMPRESS_RATIO,
-    )
+    kv = _compress(ops, state_pool, score, ape, plan)
     writers = [r for r in range(bs) if case.writes_key(r)]
     keys = torch.tensor([key_index(case.seq_lens[r] - 1) for r in writers], dtype=torch.int64, device=device)
     owners = torch.tensor(writers, dtype=torch.int64, device=device)
