@@ -59,6 +59,7 @@ class FakeState:
     inflight: int = 0
     max_inflight: int = 0
     server: uvicorn.Server | None = None
+    dead: bool = False  # set once `die_after` completions were served
 
 
 def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool) -> str:
@@ -176,6 +177,11 @@ def make_app(state: FakeState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
+        if state.dead:
+            # uvicorn only notices `should_exit` on its next tick (~0.1 s), and a fast client could
+            # finish the whole run on its keep-alive connection before that. A dead server answers
+            # nothing: hold the request until the shutdown cancels it and drops the connection.
+            await asyncio.Event().wait()
         body = await request.json()
         if body.get("model") != cfg.model:
             return JSONResponse(
@@ -244,6 +250,7 @@ def make_app(state: FakeState) -> FastAPI:
             reply = reply[:-1] + ("0" if reply[-1] != "0" else "1")
             state.log[-1]["answer"] = reply
         if cfg.die_after is not None and state.served >= cfg.die_after and state.server is not None:
+            state.dead = True
             state.server.should_exit = True
         cid, created = f"chatcmpl-{state.served}", int(time.time())
         if not body.get("stream"):
@@ -301,7 +308,14 @@ class FakeServer:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(make_app(self.state), log_level="error", lifespan="off", access_log=False)
+        config = uvicorn.Config(
+            make_app(self.state),
+            log_level="error",
+            lifespan="off",
+            access_log=False,
+            # A dying fake's held requests are cancelled (connection dropped) soon after shutdown.
+            timeout_graceful_shutdown=1,
+        )
         self.server = uvicorn.Server(config)
         self.state.server = self.server
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
