@@ -55,7 +55,7 @@ def importable(repo: Path, modules: list[str], python: str) -> dict[str, str]:
     for module in modules:
         proc = subprocess.run(
             [python, "-c", f"import importlib; importlib.import_module({module!r})"],
-            cwd=repo, env=_env(repo), capture_output=True, text=True,
+            cwd=repo, env=_env(repo), capture_output=True, text=True, check=False,
         )  # fmt: skip
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
         result[module] = "" if proc.returncode == 0 else tail
@@ -88,7 +88,9 @@ def run(t: Target, *, python: str | None = None, run_tests: bool = True) -> list
             present = [f for f in seen if (repo / f).is_file()]
             py_files = [str(repo / f) for f in present if f.endswith(".py")]
             if py_files:
-                proc = subprocess.run([python, "-m", "py_compile", *py_files], capture_output=True, text=True)
+                proc = subprocess.run(
+                    [python, "-m", "py_compile", *py_files], capture_output=True, text=True, check=False
+                )
                 if proc.returncode != 0:
                     step.problems.append(f"does not byte-compile: {proc.stderr.strip()[-1500:]}")
             mods = [m for m in (_module_name(f) for f in present) if m]
@@ -101,7 +103,7 @@ def run(t: Target, *, python: str | None = None, run_tests: bool = True) -> list
             if run_tests and tests_dir.is_dir():
                 proc = subprocess.run(
                     [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(tests_dir)],
-                    cwd=repo, env=_env(repo), capture_output=True, text=True,
+                    cwd=repo, env=_env(repo), capture_output=True, text=True, check=False,
                 )  # fmt: skip
                 summary = (proc.stdout.strip().splitlines() or ["?"])[-1]
                 if proc.returncode not in (0, 5):  # 5: no tests collected

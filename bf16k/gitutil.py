@@ -93,6 +93,7 @@ def git(
             capture_output=True,
             env=git_env(env),
             timeout=timeout,
+            check=False,  # the caller reads the exit status and turns it into a ToolError
         )
     except subprocess.TimeoutExpired as exc:
         raise ToolError(f"git {' '.join(args)} timed out after {timeout:.0f} s in {cwd}") from exc

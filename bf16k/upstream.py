@@ -74,7 +74,7 @@ def _pip_download(pin: Pin, dest: Path) -> None:
         "--implementation", py[:2], "--python-version", py[2:], "--abi", abi,
         "--platform", plat, "-d", str(dest), f"{name}=={version}",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise ToolError(
             f"could not download {pin.wheel.filename} from the package index "
@@ -137,7 +137,8 @@ def fetch_wheel(pin: Pin, wheel_file: Path | None = None) -> Path:
 
 
 def _has_pip() -> bool:
-    return subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
+    proc = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, check=False)
+    return proc.returncode == 0
 
 
 def _fast_import_stream(
