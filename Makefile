@@ -2,7 +2,7 @@
 NOX ?= nox
 ARGS ?=
 
-.PHONY: help setup apply build tests check bisect export status verify bench rebase range-diff \
+.PHONY: help setup apply build tests check lint bisect export status verify bench rebase range-diff \
 	rebase-check wheel pr-drafts
 
 help: ## list the targets (the sessions behind them: `nox -l`)
@@ -22,6 +22,9 @@ tests: ## the project's test suite
 
 check: ## series hygiene, header lint, gitlink, apply + export round trip
 	$(NOX) -s check -- $(ARGS)
+
+lint: ## ruff and mypy --strict over the product's own Python
+	$(NOX) -s lint -- $(ARGS)
 
 bisect: ## every prefix of the series imports, compiles and passes its tests
 	$(NOX) -s bisect -- $(ARGS)

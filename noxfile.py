@@ -53,14 +53,16 @@ def build(session: nox.Session) -> None:
     """Compile every CUDA kernel instantiation the bf16 path uses (local GPU, else sm_90a/100a/120f)."""
     # System site-packages: a deployment's own torch satisfies the pin instead of a new download.
     session.install("-e", ".[kernels-build]")
-    if subprocess.run([f"{session.bin}/python", "-c", "import torch"], capture_output=True).returncode:
+    has_torch = subprocess.run([f"{session.bin}/python", "-c", "import torch"], capture_output=True, check=False)
+    if has_torch.returncode:
         session.install("torch==2.13.0")  # sglang 0.5.21's own pin
     session.run("python", "-m", "bf16k", "build", *session.posargs)
 
 
 def _has_cuda(session: nox.Session) -> bool:
     probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    return subprocess.run([f"{session.bin}/python", "-c", probe], capture_output=True).returncode == 0
+    proc = subprocess.run([f"{session.bin}/python", "-c", probe], capture_output=True, check=False)
+    return proc.returncode == 0
 
 
 @nox.session(python=PYTHON, tags=["ci"], default=False)
@@ -72,6 +74,14 @@ def tests(session: nox.Session) -> None:
     env = {} if _has_cuda(session) else {"TRITON_INTERPRET": "1"}
     targets = session.posargs or ["tests", "sglang-upstream/python/sglang/test/dsv4_bf16_index_k"]
     session.run("python", "-m", "pytest", *targets, env=env)
+
+
+@nox.session(python=PYTHON, tags=["ci"], default=False)
+def lint(session: nox.Session) -> None:
+    """ruff over the product's Python, mypy --strict over the bf16k package (pinned tool versions)."""
+    session.install("ruff==0.17.6", "mypy==2.4.1")
+    session.run("ruff", "check", ".")
+    session.run("mypy")  # packages and strictness from pyproject's [tool.mypy]
 
 
 @nox.session(python=PYTHON, tags=["verify"], default=False)
