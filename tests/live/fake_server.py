@@ -59,7 +59,11 @@ class FakeState:
     inflight: int = 0
     max_inflight: int = 0
     server: uvicorn.Server | None = None
-    dead: bool = False  # set once `die_after` completions were served
+
+    @property
+    def dead(self) -> bool:
+        """`die_after` completions were served: the server answers nothing more."""
+        return self.cfg.die_after is not None and self.served >= self.cfg.die_after
 
 
 def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool) -> str:
@@ -249,8 +253,7 @@ def make_app(state: FakeState) -> FastAPI:
             # A deterministic wrong last character: the "right code, last digit wrong" failure.
             reply = reply[:-1] + ("0" if reply[-1] != "0" else "1")
             state.log[-1]["answer"] = reply
-        if cfg.die_after is not None and state.served >= cfg.die_after and state.server is not None:
-            state.dead = True
+        if state.dead and state.server is not None:
             state.server.should_exit = True
         cid, created = f"chatcmpl-{state.served}", int(time.time())
         if not body.get("stream"):
