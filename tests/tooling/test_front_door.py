@@ -1,13 +1,17 @@
 """The front door stays in step with the sessions: README, Makefile and CI name every nox session.
 
 Read from the real noxfile (its decorators, parsed, not imported), so adding a session without
-documenting it, or tagging one `ci` without running it in `.ci/run`, fails here.
+documenting it, or tagging one `ci` without running it in `.ci/run`, fails here. Also: CI's
+own disk check stops before it changes anything.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,3 +81,25 @@ def test_ci_runs_every_ci_session_and_the_readme_test_command() -> None:
     for command in ("nox -s apply build", "nox -s tests"):
         assert command in setup, f"README's set-up section lost `{command}`"
         assert re.search(rf"^{re.escape(command)}\b", ci, re.MULTILINE), f".ci/run does not run `{command}`"
+
+
+def test_ci_refuses_a_disk_without_room_before_changing_anything() -> None:
+    # The real script on the real disk, asked for more room than any disk has: it must stop at
+    # once with the figures, before creating its venv (a full disk once failed CI mid-install).
+    before = sorted(p.name for p in ROOT.iterdir())
+    proc = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "run")],
+        env={**os.environ, "CI_MIN_FREE_GIB": str(10**9)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    match = re.search(r"needs about (\d+) GiB free on the disk holding (.+); (\d+) GiB free", proc.stderr)
+    assert match, proc.stderr
+    assert int(match.group(1)) == 10**9
+    assert Path(match.group(2)) == ROOT
+    # Its reading of df agrees with the kernel's count of free blocks (to the GiB it rounds to).
+    assert abs(int(match.group(3)) - shutil.disk_usage(ROOT).free // 2**30) <= 1
+    assert sorted(p.name for p in ROOT.iterdir()) == before
