@@ -5,14 +5,24 @@ finds `key ... value` facts in the rendered prompt and answers with the values i
 fact is visible only if it lies in the first `recall_first` or the last `recall_last` tokens.
 So a test knows exactly where recall must break and can check that the harness reports it there.
 
-Also: a crude deterministic tokenizer (`chars_per_token` characters per token), SGLang-style
-`/v1/tokenize`, `/get_server_info` (with `dsv4_index_k_format`), context-length errors, silent
-truncation, delays, and a server that stops after N completions.
+Also: a crude deterministic tokenizer (`chars_per_token` characters per token, or "mixed": letters
+in chunks of 4, every digit and punctuation mark one token, so an INI file of UUIDs costs about
+twice the tokens per character of prose, as with a real BPE), SGLang-style `/v1/tokenize`,
+`/get_server_info` (with `dsv4_index_k_format`), context-length errors, silent truncation, delays,
+and a server that stops after N completions.
+
+Ordinary deployment faults, each switched on by one field and counted by request so a test knows
+exactly which requests hit it (no timing involved): rate limits on tokenize and chat (429 with
+Retry-After, or any status), usage dropped from the stream or from every answer, stalls (held until
+the client gives up or the server stops), a connection dropped mid-stream, and reasoning content
+returned although thinking is off (spending the answer's max_tokens, as a template that ignores
+thinking=false does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import math
 import re
@@ -30,6 +40,7 @@ VALUE_RE = re.compile(
     r"\b\d{7}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|\b[A-Z]{2,}-\d{4}-[A-Z]{2,}\b"
 )
 QUOTED_RE = re.compile(r'"([^"\n]{1,80})"')
+MIXED_TOKEN_RE = re.compile(r"[A-Za-z]{1,4}|\d|[^\sA-Za-z\d]")
 
 
 @dataclass
@@ -47,7 +58,20 @@ class FakeConfig:
     die_after: int | None = None  # shut down after serving this many completions
     usage_in_stream: bool = True
     chars_per_token: int = 4
+    tokenizer: str = "chars"  # "chars": chars_per_token per token; "mixed": see the module docstring
     corrupt_every: int | None = None  # every k-th completion gets its last character changed
+    # Faults, by request count. Chat requests are numbered from 1 in arrival order; the first
+    # `faults_after` of them (the harness's start-up probes) never fault.
+    faults_after: int = 1
+    chat_error_every: int | None = None  # every k-th chat request (after faults_after) answers...
+    chat_error_status: int = 429  # ...with this status
+    tokenize_error_every: int | None = None  # every k-th tokenize request answers...
+    tokenize_error_status: int = 429  # ...with this status
+    retry_after: str | None = "0.05"  # Retry-After header of those answers (None: no header)
+    stall_every: int | None = None  # every k-th chat request is held until the client gives up
+    reset_every: int | None = None  # every k-th streamed chat request drops the connection mid-stream
+    usage_in_response: bool = True  # False: no usage in non-streamed answers either
+    reasoning_when_off: int = 0  # tokens of reasoning_content sent with thinking off
 
 
 @dataclass
@@ -55,7 +79,11 @@ class FakeState:
     cfg: FakeConfig
     log: list[dict[str, Any]] = field(default_factory=list)
     served: int = 0
+    chat_calls: int = 0
     tokenize_calls: int = 0
+    faults: list[dict[str, Any]] = field(default_factory=list)  # every injected fault, in order
+    arrivals: list[tuple[str, float]] = field(default_factory=list)  # (endpoint, monotonic time)
+    stopping: bool = False
     inflight: int = 0
     max_inflight: int = 0
     server: uvicorn.Server | None = None
@@ -86,12 +114,38 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, t
     return "".join(parts)
 
 
+class Tokens:
+    """The fake's tokenization of one text: its count and the token index of any character."""
+
+    def __init__(self, text: str, cfg: FakeConfig) -> None:
+        self.cfg = cfg
+        self.ends = [m.end() for m in MIXED_TOKEN_RE.finditer(text)] if cfg.tokenizer == "mixed" else []
+        self.count = len(self.ends) if cfg.tokenizer == "mixed" else n_tokens(text, cfg.chars_per_token)
+
+    def index(self, char: int) -> int:
+        if self.cfg.tokenizer != "mixed":
+            return char // self.cfg.chars_per_token
+        return bisect.bisect_right(self.ends, char)
+
+    def chars_of_first(self, n: int) -> int:
+        if self.cfg.tokenizer != "mixed":
+            return n * self.cfg.chars_per_token
+        return self.ends[n - 1] if 0 < n <= len(self.ends) else 0
+
+
 def n_tokens(text: str, cpt: int) -> int:
     return math.ceil(len(text) / cpt)
 
 
-def _visible(span: tuple[int, int], total_tokens: int, cfg: FakeConfig) -> bool:
-    first_tok, last_tok = span[0] // cfg.chars_per_token, (span[1] - 1) // cfg.chars_per_token
+def count_tokens(text: str, cfg: FakeConfig) -> int:
+    return Tokens(text, cfg).count
+
+
+def _visible(span: tuple[int, int], total_tokens: int, cfg: FakeConfig, toks: Tokens | None = None) -> bool:
+    if toks is None:
+        first_tok, last_tok = span[0] // cfg.chars_per_token, (span[1] - 1) // cfg.chars_per_token
+    else:
+        first_tok, last_tok = toks.index(span[0]), toks.index(span[1] - 1)
     if last_tok < cfg.recall_first:
         return True
     if cfg.recall_last is None:
@@ -100,6 +154,7 @@ def _visible(span: tuple[int, int], total_tokens: int, cfg: FakeConfig) -> bool:
 
 
 def answer(text: str, question: str, total_tokens: int, cfg: FakeConfig) -> str:
+    toks = Tokens(text, cfg) if cfg.tokenizer == "mixed" else None
     keys = QUOTED_RE.findall(question)
     if not keys:
         return "OK"
@@ -113,7 +168,7 @@ def answer(text: str, question: str, total_tokens: int, cfg: FakeConfig) -> str:
             end = text.find("\n[", i + 1)
             block = text[i : end if end >= 0 else len(text)]
             m = re.search(r'api_token = "([^"]+)"', block)
-            if m and _visible((i, i + m.end()), total_tokens, cfg):
+            if m and _visible((i, i + m.end()), total_tokens, cfg, toks):
                 values.append(m.group(1))
                 break
     else:
@@ -123,7 +178,7 @@ def answer(text: str, question: str, total_tokens: int, cfg: FakeConfig) -> str:
             after = text[i + len(key) : i + len(key) + 160]
             cut = min((p for p in (after.find("\n"), after.find(". ")) if p >= 0), default=len(after))
             m = VALUE_RE.search(after[:cut])
-            visible = m is not None and _visible((i, i + len(key) + m.end()), total_tokens, cfg)
+            visible = m is not None and _visible((i, i + len(key) + m.end()), total_tokens, cfg, toks)
             if m is not None and visible and m.group(0) not in values:
                 values.append(m.group(0))
     return ", ".join(values) if values else "I cannot find it."
@@ -163,17 +218,29 @@ def make_app(state: FakeState) -> FastAPI:
             info["dsv4_index_k_format"] = cfg.index_k_format
         return info
 
+    def fault_response(status: int, where: str) -> JSONResponse:
+        state.faults.append({"endpoint": where, "status": status, "time": time.monotonic()})
+        message = {
+            404: f"The model '{cfg.model}-gone' does not exist",
+            400: "Invalid request: unsupported parameter 'seed'",
+        }.get(status, f"fake fault {status}")
+        headers = {"Retry-After": cfg.retry_after} if cfg.retry_after is not None and status in (429, 503) else {}
+        return JSONResponse({"object": "error", "message": message, "code": status}, status_code=status, headers=headers)
+
     async def tokenize(request: Request) -> JSONResponse:
         if not cfg.tokenize:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
         state.tokenize_calls += 1
+        state.arrivals.append(("tokenize", time.monotonic()))
+        if cfg.tokenize_error_every and state.tokenize_calls % cfg.tokenize_error_every == 0:
+            return fault_response(cfg.tokenize_error_status, "tokenize")
         body = await request.json()
         thinking = bool((body.get("chat_template_kwargs") or {}).get("thinking"))
         if body.get("messages") is not None:
             text = render(body["messages"], body.get("tools"), thinking)
         else:
             text = str(body.get("prompt", ""))
-        n = n_tokens(text, cfg.chars_per_token)
+        n = count_tokens(text, cfg)
         return JSONResponse({"tokens": [], "count": n, "max_model_len": advertised()})
 
     app.add_api_route("/v1/tokenize", tokenize, methods=["POST"])
@@ -186,6 +253,18 @@ def make_app(state: FakeState) -> FastAPI:
             # finish the whole run on its keep-alive connection before that. A dead server answers
             # nothing: hold the request until the shutdown cancels it and drops the connection.
             await asyncio.Event().wait()
+        state.chat_calls += 1
+        state.arrivals.append(("chat", time.monotonic()))
+        k = state.chat_calls - cfg.faults_after
+        if k > 0 and cfg.chat_error_every and k % cfg.chat_error_every == 0:
+            return fault_response(cfg.chat_error_status, "chat")
+        if k > 0 and cfg.stall_every and k % cfg.stall_every == 0:
+            # Held until the client gives up (its timeout) or the fake stops: no timing race.
+            state.faults.append({"endpoint": "chat", "status": "stall", "time": time.monotonic()})
+            while not state.stopping:
+                await asyncio.sleep(0.02)
+            return JSONResponse({"message": "stopped"}, status_code=503)
+        reset = bool(k > 0 and cfg.reset_every and k % cfg.reset_every == 0)
         body = await request.json()
         if body.get("model") != cfg.model:
             return JSONResponse(
@@ -201,10 +280,11 @@ def make_app(state: FakeState) -> FastAPI:
         thinking = bool((body.get("chat_template_kwargs") or {}).get("thinking"))
         messages = body["messages"]
         text = render(messages, body.get("tools"), thinking)
-        n = n_tokens(text, cfg.chars_per_token)
+        toks = Tokens(text, cfg)
+        n = toks.count
         max_tokens = int(body.get("max_tokens") or 64)
         if cfg.truncate_to is not None and n > cfg.truncate_to:
-            text, n = text[: cfg.truncate_to * cfg.chars_per_token], cfg.truncate_to
+            text, n = text[: toks.chars_of_first(cfg.truncate_to)], cfg.truncate_to
         elif n >= cfg.max_model_len or n + max_tokens > cfg.max_model_len:
             return JSONResponse(
                 {
@@ -220,9 +300,16 @@ def make_app(state: FakeState) -> FastAPI:
         question = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
         reply = answer(text, str(question), n, cfg)
         finish = "stop"
-        if n_tokens(reply, cfg.chars_per_token) > max_tokens:
-            reply, finish = reply[: max_tokens * cfg.chars_per_token], "length"
-        completion = max(1, n_tokens(reply, cfg.chars_per_token))
+        reasoning = ""
+        if cfg.reasoning_when_off and not thinking:
+            # A template that ignores thinking=false: the reasoning spends the answer's budget.
+            reasoning = ("Let me look for the key in the document. " * cfg.reasoning_when_off)[
+                : cfg.reasoning_when_off * cfg.chars_per_token
+            ]
+        budget = max(0, max_tokens - n_tokens(reasoning, cfg.chars_per_token))
+        if n_tokens(reply, cfg.chars_per_token) > budget:
+            reply, finish = reply[: budget * cfg.chars_per_token], "length"
+        completion = max(1, n_tokens(reasoning + reply, cfg.chars_per_token))
         usage = {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
         state.log.append(
             {
@@ -236,6 +323,7 @@ def make_app(state: FakeState) -> FastAPI:
                 "chat_template_kwargs": body.get("chat_template_kwargs"),
                 "stream_options": body.get("stream_options"),
                 "answer": reply,
+                "reasoning": reasoning,
                 "tools": bool(body.get("tools")),
                 "first_message": messages[0].get("content", "")[:60],
                 "time": time.monotonic(),
@@ -257,16 +345,19 @@ def make_app(state: FakeState) -> FastAPI:
             state.server.should_exit = True
         cid, created = f"chatcmpl-{state.served}", int(time.time())
         if not body.get("stream"):
-            return {
+            message: dict[str, Any] = {"role": "assistant", "content": reply}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            doc: dict[str, Any] = {
                 "id": cid,
                 "object": "chat.completion",
                 "created": created,
                 "model": cfg.model,
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": finish}
-                ],
-                "usage": usage,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             }
+            if cfg.usage_in_response:
+                doc["usage"] = usage
+            return doc
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and cfg.usage_in_stream
 
         async def events() -> Any:
@@ -281,6 +372,11 @@ def make_app(state: FakeState) -> FastAPI:
                 return f"data: {json.dumps(doc)}\n\n"
 
             yield chunk({"role": "assistant", "content": ""})
+            if reset:
+                state.faults.append({"endpoint": "chat", "status": "reset", "time": time.monotonic()})
+                raise ConnectionResetError("fake: connection dropped mid-stream")
+            for i in range(0, len(reasoning), 12):
+                yield chunk({"reasoning_content": reasoning[i : i + 12]})
             for i in range(0, len(reply), 6):
                 yield chunk({"content": reply[i : i + 6]})
             yield chunk({}, finish)
@@ -341,6 +437,7 @@ class FakeServer:
         return self
 
     def stop(self) -> None:
+        self.state.stopping = True  # releases stalled requests at once
         self.server.should_exit = True
         self.thread.join(timeout=10)
         try:

@@ -10,62 +10,31 @@ from __future__ import annotations
 import csv
 import json
 import socket
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.live.fake_server import FakeServer
+from tests.live.harness import (
+    FAST,
+    StartFake,
+    chats,
+    latest,
+    outcome,
+    records,
+    run_cli,
+    server_states,
+    sweep_args,
+)
 from verify.live.cli import main
-
-StartFake = Callable[..., FakeServer]
-
-FAST = ["--progress", "off", "--retry-wait", "0.02", "--no-plots"]
-
-
-def run_cli(out: Path, server: FakeServer | str, *args: str) -> int:
-    url = server if isinstance(server, str) else server.url
-    return main(["--server", url, "--out", str(out), *FAST, *args])
-
-
-def sweep_args(lengths: Sequence[int], depths: Sequence[float] = (0, 50, 100), *extra: str) -> list[str]:
-    return [
-        "--scenarios",
-        "sweep",
-        "--lengths",
-        ",".join(map(str, lengths)),
-        "--depths",
-        ",".join(f"{d:g}" for d in depths),
-        "--nudge",
-        "none",
-        "--repeats",
-        "1",
-        "--concurrency",
-        "0",
-        "--no-shared-prefix",
-        *extra,
-    ]
-
-
-def records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines() if line.strip()]
-
-
-def latest(out: Path) -> dict[str, dict[str, Any]]:
-    return {r["key"]: r for r in records(out)}
-
-
-def chats(server: FakeServer) -> list[dict[str, Any]]:
-    """Completions the fake served, without the harness's 1-token start-up probe."""
-    return [e for e in server.state.log if e["max_tokens"] != 1]
+from verify.live.states import MEASURED
 
 
 def test_protocol_streaming_usage_and_sampling(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server()
     rc = run_cli(tmp_path, srv, *sweep_args([1024, 2051]))
     assert rc == 0
-    recs = [r for r in records(tmp_path) if r["status"] == "ok"]
+    recs = [r for r in records(tmp_path) if r["state"] in MEASURED]
     assert len(recs) == 6
     for r in recs:
         # Exact sizing with the server's tokenizer, confirmed by the server's own usage count.
@@ -83,7 +52,7 @@ def test_non_streaming_and_thinking_option(tmp_path: Path, fake_server: StartFak
     srv = fake_server()
     rc = run_cli(tmp_path, srv, *sweep_args([1024], (50,)), "--no-stream", "--thinking", "--seed", "7")
     assert rc == 0
-    (r,) = [r for r in records(tmp_path) if r["status"] == "ok"]
+    (r,) = [r for r in records(tmp_path) if r["state"] in MEASURED]
     assert r["ttft_s"] is None and r["prompt_tokens"] == 1024 and r["passed"]
     (e,) = chats(srv)
     assert not e["stream"] and e["chat_template_kwargs"]["thinking"] is True and e["seed"] == 7
@@ -108,7 +77,7 @@ def test_recall_edge_is_reported_where_the_model_has_it(tmp_path: Path, fake_ser
     lengths = [1024, 2048, 3000, 4509, 6000]
     rc = run_cli(tmp_path, srv, *sweep_args(lengths, (0, 25, 50, 75, 100)))
     assert rc == 1  # default target: the longest length the server holds (6000), which fails
-    recs = [r for r in records(tmp_path) if r["status"] == "ok"]
+    recs = [r for r in records(tmp_path) if r["state"] in MEASURED]
     assert len(recs) == 25
     for r in recs:
         want = _expected_pass(r, window)
@@ -127,7 +96,7 @@ def test_recall_edge_is_reported_where_the_model_has_it(tmp_path: Path, fake_ser
 def test_recall_from_the_start_of_the_prompt(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(recall_last=1500, recall_first=300)
     run_cli(tmp_path, srv, *sweep_args([1024, 4509], (0, 50, 100)))
-    got = {(r["base_length"], r["depth_pct"]): r["passed"] for r in records(tmp_path) if r["status"] == "ok"}
+    got = {(r["base_length"], r["depth_pct"]): r["passed"] for r in records(tmp_path) if r["state"] in MEASURED}
     assert got == {
         (1024, 0): True,
         (1024, 50): True,
@@ -204,17 +173,23 @@ def test_server_dying_mid_run_keeps_results_and_resume_finishes(
     dying = fake_server(die_after=5)  # the start-up probe is the first completion
     rc = run_cli(tmp_path, dying, *sweep_args([1024, 2048, 3000]))
     err = capsys.readouterr().err
-    assert rc == 2
+    assert rc == 3  # INCOMPLETE: the run stopped; what it measured passed, the rest is missing
     assert "stopped answering" in err and "rerun the same command to resume" in err
-    ok = [r for r in records(tmp_path) if r["status"] == "ok"]
+    ok = [r for r in records(tmp_path) if r["state"] in MEASURED]
     # Every answer the server gave is on disk; it gave exactly 4 (5 with the start-up probe).
     assert len(ok) == len(chats(dying)) == 4
-    assert (tmp_path / "report.md").exists() and "Run stopped early" in (tmp_path / "report.md").read_text()
+    assert server_states(tmp_path) == {"pass": 4, "error": 1, "unmeasured": 4}  # error: the one cut off
+    assert outcome(tmp_path)["verdict"] == "INCOMPLETE"
+    report = (tmp_path / "report.md").read_text()
+    assert "# verify_recall, live tier: INCOMPLETE" in report and "Run stopped early" in report
+    # The gate rows of a stopped run say what is missing, never "ok" on partial data.
+    assert "| gate | every depth passes up to the target (3,000 tokens) | **INCOMPLETE** |" in report
+    assert "| gate | every gate request measured | **INCOMPLETE** | 4/9 gate requests measured" in report
 
     fresh = fake_server()
     assert run_cli(tmp_path, fresh, *sweep_args([1024, 2048, 3000])) == 0
     assert len(chats(fresh)) == 9 - len(ok)  # only what was missing
-    assert sum(r["status"] == "ok" for r in latest(tmp_path).values()) == 9
+    assert sum(r["state"] in MEASURED for r in latest(tmp_path).values()) == 9
 
 
 def test_unreachable_server_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,13 +218,15 @@ def test_truncated_prompts_are_flagged(
     srv = fake_server(truncate_to=3000)  # accepts anything, silently keeps the first 3000 tokens
     rc = run_cli(tmp_path, srv, *sweep_args([2048, 4000], (50,)))
     err = capsys.readouterr().err
-    assert rc == 1 and "truncated" in err
+    # Truncated answers are not scored: not a FAIL (nothing wrong was measured), not a PASS.
+    assert rc == 3 and "truncated" in err
     by = {r["base_length"]: r for r in records(tmp_path)}
-    assert not by[2048]["truncated"] and by[4000]["truncated"] and by[4000]["prompt_tokens"] == 3000
-    assert (
-        "no prompt truncated (server prompt_tokens match the fitted length) | **FAIL**"
-        in (tmp_path / "report.md").read_text()
-    )
+    assert by[2048]["state"] == "pass" and by[4000]["state"] == "truncated" and by[4000]["prompt_tokens"] == 3000
+    assert server_states(tmp_path) == {"pass": 1, "truncated": 1}
+    report = (tmp_path / "report.md").read_text()
+    assert "| info | no prompt truncated (server prompt_tokens match what was sent) | **FAIL** | 1 truncated" in report
+    assert "> - 1 truncated, e.g. sweep code|L4000|d50 r0: the server read 3000 prompt tokens of the 4000 sent" in report
+    assert "> After the fixes above, rerun: `python -m verify.live --server" in report
 
 
 def test_lengths_beyond_the_server_context_are_skipped_with_a_reason(
@@ -258,10 +235,11 @@ def test_lengths_beyond_the_server_context_are_skipped_with_a_reason(
     srv = fake_server(max_model_len=5000)
     rc = run_cli(tmp_path, srv, *sweep_args([2048, 4509, 6000], (50,)))
     assert rc == 0  # the gate's default target is the longest length the server holds
-    skipped = [r for r in records(tmp_path) if r["status"] == "skipped"]
+    skipped = [r for r in records(tmp_path) if r["state"] == "skipped"]
     assert [r["target_tokens"] for r in skipped] == [6000]
     assert "accepts at most 4935 prompt tokens" in skipped[0]["reason"]
-    assert "Skipped 1 cells" in (tmp_path / "report.md").read_text()
+    assert "Skipped 1 requests: server: the server under test accepts at most 4935" in (tmp_path / "report.md").read_text()
+    assert server_states(tmp_path) == {"pass": 2, "skipped": 1}
     assert max(e["prompt_tokens"] for e in chats(srv)) == 4509
 
 
@@ -277,11 +255,18 @@ def test_server_refusing_a_length_at_run_time(tmp_path: Path, fake_server: Start
     # The server advertises more context than it really serves: its 400 is recorded, longer cells skipped.
     srv = fake_server(max_model_len=5000, advertised_max_model_len=40000)
     rc = run_cli(tmp_path, srv, *sweep_args([2048, 6000, 8000], (50,)))
-    assert rc == 1
+    # The refusal lowers the default target like an advertised limit does (not a recall failure).
+    assert rc == 0
     by = {r["base_length"]: r for r in records(tmp_path)}
-    assert by[6000]["status"] == "error" and by[6000]["error_kind"] == "context_too_long"
-    assert by[8000]["status"] == "skipped" and "refused 6000 tokens" in by[8000]["reason"]
+    assert by[6000]["state"] == "error" and by[6000]["error_kind"] == "context_too_long"
+    assert by[8000]["state"] == "skipped" and "refused 6000 tokens" in by[8000]["reason"]
     assert by[2048]["passed"]
+    assert server_states(tmp_path) == {"pass": 1, "skipped": 1, "error": 1}
+    assert outcome(tmp_path)["target_length"] == 2048
+    report = (tmp_path / "report.md").read_text()
+    assert "target 2,048 (default: the longest sweep length the server holds; lowered from 8,000 because the server refused a 6,000-token prompt" in report
+    # With the target asked for explicitly, the refused lengths are missing, not failing.
+    assert run_cli(tmp_path, srv, *sweep_args([2048, 6000, 8000], (50,)), "--target-length", "8000") == 3
 
 
 def test_timeouts_are_recorded_and_stop_a_hung_server(
@@ -292,19 +277,19 @@ def test_timeouts_are_recorded_and_stop_a_hung_server(
         tmp_path, srv, *sweep_args([1024, 2048], (50,)), "--timeout", "0.3", "--max-consecutive-errors", "2"
     )
     err = capsys.readouterr().err
-    assert rc == 2 and "2 requests in a row failed" in err
+    assert rc == 3 and "2 requests in a row failed" in err
     kinds = [r.get("error_kind") for r in records(tmp_path)]
     assert kinds == ["timeout", "timeout"]
+    assert [r["attempts"] for r in records(tmp_path)] == [2, 2]  # a timeout is retried once
+    assert server_states(tmp_path) == {"error": 2}
 
 
 def test_without_tokenize_endpoint_sizes_are_calibrated(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(tokenize=False)
     rc = run_cli(tmp_path, srv, *sweep_args([2048, 4000], (50,)))
     assert rc == 0
-    for r in (r for r in records(tmp_path) if r["status"] == "ok"):
-        assert (
-            abs(r["prompt_tokens"] - r["target_tokens"]) <= 0.05 * r["target_tokens"] and not r["truncated"]
-        )
+    for r in (r for r in records(tmp_path) if r["state"] in MEASURED):
+        assert abs(r["prompt_tokens"] - r["target_tokens"]) <= 0.05 * r["target_tokens"]
     assert "calibrated from usage.prompt_tokens" in (tmp_path / "report.md").read_text()
     assert srv.state.tokenize_calls == 0
 
@@ -315,7 +300,7 @@ def test_repeats_must_agree(tmp_path: Path, fake_server: StartFake) -> None:
     args = sweep_args([1024], (0, 50, 100))
     args[args.index("--repeats") + 1] = "3"
     assert main(["--server", srv.url, "--out", str(out), *FAST, *args]) == 1
-    recs = [r for r in records(out) if r["status"] == "ok"]
+    recs = [r for r in records(out) if r["state"] in MEASURED]
     assert len(recs) == 9
     wrong = [r for r in recs if not r["passed"]]
     assert wrong and all(r["first_wrong_char"] == len(r["expected"][0]) - 1 for r in wrong)
@@ -384,7 +369,7 @@ def test_quick_run_covers_every_scenario_and_writes_the_report(
         ]
     )
     assert rc == 0
-    recs = [r for r in records(tmp_path) if r["arm"] == "server" and r["status"] == "ok"]
+    recs = [r for r in records(tmp_path) if r["arm"] == "server" and r["state"] in MEASURED]
     assert {r["scenario"] for r in recs} == {
         "sweep",
         "ruler_single",

@@ -7,4 +7,5 @@ Why a live tier at all: the DeepSeek-V4 indexer selects *every* cached key below
 only prompts well past that length can show an index-key precision or layout defect end to end.
 """
 
-HARNESS_VERSION = "1"
+# Bumped when what a record means changes: a resumed run refuses records of another version.
+HARNESS_VERSION = "2"  # 2: one state per request (states.py)

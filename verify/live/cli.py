@@ -1,9 +1,14 @@
 """Command line: `python -m verify.live --server URL [--baseline URL] --out DIR ...`.
 
-Exit codes: 0 the gate passed; 1 the gate failed (controls, truncation, or the longest length that
-passes at every depth is below --target-length); 2 the run could not start or stopped early
-(server down, wrong model, target beyond the server's context); 130 interrupted. Results measured
-before a failure are always on disk, and rerunning the same command resumes.
+Exit codes (gate.py):
+  0  PASS        every gate request measured (or skipped for a stated reason) and passed
+  1  FAIL        a gate request was measured and answered wrong (a control, or a length up to the target)
+  2  setup error the run could not start: server down, wrong model, target beyond the server's
+                 context, a results directory of other settings. Nothing was measured.
+  3  INCOMPLETE  neither: gate requests unmeasured, errored, truncated or unchecked, or the run
+                 stopped early. The report names what is missing and the command that completes it.
+  130            interrupted (Ctrl-C).
+Results measured before any failure are on disk, and rerunning the same command resumes.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import argparse
 import asyncio
 import os
 import platform
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,13 +27,14 @@ import openai
 from verify.live import HARNESS_VERSION
 from verify.live.config import RunConfig
 from verify.live.corpus import CORPUS_VERSION
+from verify.live.gate import SETUP_ERROR_EXIT, Evaluation, evaluate, outcome
 from verify.live.grid import NUDGE_MODES, GridOptions
 from verify.live.probe import SetupError
-from verify.live.report import arm_labels, render_report
+from verify.live.report import STATUS_TEXT, arm_labels, render_report
 from verify.live.runner import RunResult, run
 from verify.live.scenarios import SCENARIOS
-from verify.live.store import ResultStore
-from verify.live.summary import Evaluation, evaluate, write_ab_csv, write_summary_csv
+from verify.live.store import ResultStore, write_run_outcome
+from verify.live.summary import write_ab_csv, write_summary_csv
 
 EXAMPLES = """examples:
   # the patched server alone, default grid up to 64K, gate at the longest length it holds
@@ -142,9 +149,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-tokens", type=int, help="completion budget for every request (default per scenario)"
     )
     g.add_argument("--no-stream", action="store_true", help="non-streaming requests (no time to first token)")
-    g.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    g.add_argument("--retries", type=int, default=2, help="retries on connection/server errors")
-    g.add_argument("--retry-wait", type=float, default=2.0, help="seconds before the first retry")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per request (default: 30 s + 2 ms per prompt token + 0.1 s per completion token)",
+    )
+    g.add_argument(
+        "--retries",
+        type=int,
+        default=4,
+        help="retries of a transient fault (429, 408, 5xx, timeout, connection reset) per request; "
+        "a timeout is retried once at most (default 4)",
+    )
+    g.add_argument(
+        "--retry-wait", type=float, default=2.0, help="seconds before the first retry; doubles per retry"
+    )
+    g.add_argument(
+        "--retry-max-wait",
+        type=float,
+        default=60.0,
+        help="longest wait before a retry; a longer Retry-After ends the retries (default 60)",
+    )
     g.add_argument(
         "--max-consecutive-errors", type=int, default=5, help="stop after this many failures in a row"
     )
@@ -191,7 +217,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         shared_prefix=not args.no_shared_prefix,
         parallel=max(1, args.parallel),
         timeout_s=args.timeout,
-        retry_wait_s=args.retry_wait,
+        retry_wait_s=max(0.0, args.retry_wait),
+        retry_max_wait_s=max(0.0, args.retry_max_wait),
         retries=max(0, args.retries),
         max_consecutive_errors=max(1, args.max_consecutive_errors),
         token_tolerance=args.token_tolerance,
@@ -201,12 +228,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     )
 
 
-def write_outputs(cfg: RunConfig, result: RunResult) -> Evaluation:
-    """CSV, heatmaps and report from what is on disk (also after an early stop)."""
+def write_outputs(cfg: RunConfig, result: RunResult, command: str) -> Evaluation:
+    """CSV, heatmaps, report and the outcome in run.json, from what is on disk (also after an early stop)."""
     store = ResultStore(cfg.out_dir)
     store.close()
-    records = store.records(result.planned_keys)
-    ev = evaluate(records, result.target_length, result.aborted)
+    ev = evaluate(result.planned, store.latest, result.target, result.aborted)
     write_summary_csv(cfg.out_dir / "summary.csv", ev.cells)
     if ev.ab:
         write_ab_csv(cfg.out_dir / "ab_deltas.csv", ev.ab)
@@ -221,19 +247,23 @@ def write_outputs(cfg: RunConfig, result: RunResult) -> Evaluation:
         "harness_version": HARNESS_VERSION,
         "corpus_version": CORPUS_VERSION,
     }
-    text = render_report(cfg, ev, result.profiles, result.counter_description, images, env_extra)
+    text = render_report(cfg, ev, result.profiles, result.counter_description, images, env_extra, command)
     (cfg.out_dir / "report.md").write_text(text, encoding="utf-8")
+    write_run_outcome(cfg.out_dir, outcome(ev, command))
     return ev
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(args_list)
     cfg = config_from_args(args)
+    # What completes an incomplete run: the same command (it resumes).
+    command = "python -m verify.live " + shlex.join(args_list)
     try:
         result = asyncio.run(run(cfg))
     except SetupError as e:
         print(f"verify.live: error: {e}", file=sys.stderr)
-        return 2
+        return SETUP_ERROR_EXIT
     except KeyboardInterrupt:
         print(
             f"verify.live: interrupted; results so far are in {cfg.out_dir}/requests.jsonl "
@@ -241,13 +271,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-    ev = write_outputs(cfg, result)
+    ev = write_outputs(cfg, result, command)
     for c in ev.checks:
-        mark = "ok  " if c.ok else "FAIL"
-        print(f"[{mark}] {'gate' if c.gate else 'info'}: {c.name}: {c.detail}", file=sys.stderr)
+        print(f"[{STATUS_TEXT[c.status].strip('*'):<10}] {'gate' if c.gate else 'info'}: {c.name}: {c.detail}", file=sys.stderr)
+    counts = ", ".join(f"{n} {s}" for s, n in ev.states.get("server", {}).items() if n)
+    print(f"verify.live: server requests: {counts}", file=sys.stderr)
     print(f"verify.live: report written to {cfg.out_dir / 'report.md'}", file=sys.stderr)
     if result.aborted:
-        print(f"verify.live: error: {result.aborted}", file=sys.stderr)
-        return 2
-    print(f"verify.live: gate {'PASS' if ev.gate_ok else 'FAIL'}", file=sys.stderr)
-    return 0 if ev.gate_ok else 1
+        print(f"verify.live: run stopped early: {result.aborted}", file=sys.stderr)
+    for m in ev.missing:
+        print(f"verify.live: missing: {m.count} {m.label}: {m.remedy}", file=sys.stderr)
+    print(f"verify.live: gate {ev.verdict} (exit {ev.exit_code})", file=sys.stderr)
+    if ev.verdict == "INCOMPLETE":
+        print(f"verify.live: to complete it, rerun: {command}", file=sys.stderr)
+    return ev.exit_code

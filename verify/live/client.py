@@ -1,17 +1,21 @@
 """One server ("arm"): chat completions through the official `openai` async client, plus the
 SGLang side endpoints (`/get_server_info`, `/v1/models`, tokenize) through httpx.
 
-Every failure becomes a `RequestFailure` with a `kind` the runner acts on:
-  connection       server unreachable (retried, then the run stops: nothing else can be measured)
-  timeout          no complete answer within --timeout (recorded; the cell is retried on resume)
-  context_too_long the server refused the length (recorded; longer cells are skipped)
-  model_not_found  wrong model name (the run stops)
-  bad_request / server_error   anything else the server said (recorded)
+Every failure becomes a `RequestFailure` with a `kind` (the vocabulary of `states.ERROR_KINDS`):
+  rate_limited     HTTP 429                       transient: retried (retry.py), honouring Retry-After
+  timeout          no complete answer in time, 408 transient
+  unavailable      HTTP 502/503/504               transient
+  server_error     HTTP 500, an error in a stream transient
+  connection       refused or reset               transient (a dead server stops the run)
+  context_too_long the server refused the length  recorded; longer cells are skipped, the target lowered
+  model_not_found  wrong model name               the run stops
+  bad_request      any other 4xx                  recorded once, not retried
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,11 +27,15 @@ from verify.live.layouts import Rendered
 
 
 class RequestFailure(Exception):
-    def __init__(self, kind: str, message: str, status: int | None = None) -> None:
+    def __init__(
+        self, kind: str, message: str, status: int | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.status = status
+        self.retry_after = retry_after  # seconds, from the Retry-After header
+        self.attempts = 1  # requests sent for it, retries included (set by retry.with_retries)
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,12 @@ def normalize_url(url: str) -> str:
 
 def classify_status(status: int, text: str) -> str:
     low = text.lower()
+    if status == 429:
+        return "rate_limited"
+    if status == 408:
+        return "timeout"
+    if status in (502, 503, 504):
+        return "unavailable"
     if status == 404 and "model" in low:
         return "model_not_found"
     if status in (400, 413, 422) and (
@@ -86,8 +100,31 @@ def classify_status(status: int, text: str) -> str:
     return "bad_request"
 
 
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds: a number (fractions accepted) or an HTTP date; None if absent or bad."""
+    if value is None or not value.strip():
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def retry_after_of(headers: Any) -> float | None:
+    try:
+        return parse_retry_after(headers.get("retry-after"))
+    except AttributeError:
+        return None
+
+
 class ArmClient:
     def __init__(self, name: str, url: str, api_key: str, timeout_s: float) -> None:
+        """`timeout_s`: for side endpoints and probes; chat requests pass their own (scaled) one."""
         self.name = name
         # For messages: "server under test" / "baseline server" read better than the arm keys.
         self.label = "server under test" if name == "server" else f"{name} server"
@@ -130,7 +167,9 @@ class ArmClient:
         sampling: Sampling,
         max_tokens: int,
         tool_choice: str | None = None,
+        timeout_s: float | None = None,
     ) -> ChatResult:
+        timeout = timeout_s or self.timeout_s
         kwargs: dict[str, Any] = {
             "model": model,
             "messages": rendered.messages,
@@ -139,22 +178,28 @@ class ArmClient:
             "seed": sampling.seed,
             "max_tokens": max_tokens,
             "extra_body": {"chat_template_kwargs": sampling.template_kwargs()},
+            "timeout": httpx.Timeout(timeout, connect=min(10.0, timeout)),
         }
         if rendered.tools:
             kwargs["tools"] = rendered.tools
             kwargs["tool_choice"] = tool_choice or "auto"
         try:
-            return await asyncio.wait_for(self._chat(kwargs, sampling.stream), timeout=self.timeout_s)
-        except (TimeoutError, openai.APITimeoutError) as e:
-            raise RequestFailure(
-                "timeout", f"{self.label}: no complete answer within {self.timeout_s:g} s"
-            ) from e
+            return await asyncio.wait_for(self._chat(kwargs, sampling.stream), timeout=timeout)
+        except (TimeoutError, openai.APITimeoutError, httpx.TimeoutException) as e:
+            raise RequestFailure("timeout", f"{self.label}: no complete answer within {timeout:g} s") from e
         except openai.APIConnectionError as e:
             raise RequestFailure("connection", f"{self.label}: cannot reach {self.root}: {_reason(e)}") from e
+        except httpx.TransportError as e:  # the connection dropped in the middle of a stream
+            raise RequestFailure("connection", f"{self.label}: connection lost: {_reason(e)}") from e
         except openai.APIStatusError as e:
             text = _error_text(e)
             kind = classify_status(e.status_code, text)
-            raise RequestFailure(kind, f"{self.label}: HTTP {e.status_code}: {text}", e.status_code) from e
+            raise RequestFailure(
+                kind,
+                f"{self.label}: HTTP {e.status_code}: {text}",
+                e.status_code,
+                retry_after_of(e.response.headers),
+            ) from e
         except openai.APIError as e:  # an error event inside the stream
             text = str(e)
             kind = "context_too_long" if "context length" in text.lower() else "server_error"

@@ -29,9 +29,10 @@ class RunConfig:
     concurrency: int = 8  # in-flight requests of the concurrency pass; 0 skips the pass
     shared_prefix: bool = True
     parallel: int = 1  # cells in flight in the other passes (1 = clean sequential timing)
-    timeout_s: float = 600.0
-    retry_wait_s: float = 2.0
-    retries: int = 2
+    timeout_s: float | None = None  # None: scaled with the prompt length (runner.request_timeout)
+    retry_wait_s: float = 2.0  # first backoff; doubles per retry (retry.py)
+    retry_max_wait_s: float = 60.0  # longest wait, Retry-After included
+    retries: int = 4  # per request, transient faults only; a timeout is retried once at most
     max_consecutive_errors: int = 5
     token_tolerance: float = 0.01  # relative; prompt_tokens below this -> truncated
     save_prompts: bool = False

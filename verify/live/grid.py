@@ -28,6 +28,18 @@ DEFAULT_MAX_LENGTH = 65536
 QUICK_MAX_LENGTH = 12000  # the quick sweep stops at 8,000; the config file still goes to ~12K
 
 
+CONTROL_SLACK = 3  # a control's nudges reach CONTROL_MAX + 3 (all residues mod 4)
+
+
+def is_control(base_length: int, read_tokens: int | None) -> bool:
+    """A control by the length the server read, not the length asked for: a "2K" prompt that came
+    out at 3,300 tokens is past the point where the indexer selects every key, so it cannot serve
+    as a control. Unknown length (not measured yet): by the plan."""
+    if base_length > CONTROL_MAX:
+        return False
+    return read_tokens is None or read_tokens <= CONTROL_MAX + CONTROL_SLACK
+
+
 @dataclass(frozen=True)
 class ScenarioGrid:
     lengths: tuple[int, ...]
@@ -120,7 +132,11 @@ def base_cells(opts: GridOptions) -> list[Cell]:
             # Only the needle sweep is nudged; the other scenarios use the nominal length.
             targets = nudged(length, modes) if scenario == "sweep" else [length]
             if length <= CONTROL_MAX:
-                targets = [t for t in targets if t <= CONTROL_MAX + 3]
+                targets = [t for t in targets if t <= CONTROL_MAX + CONTROL_SLACK]
+            if opts.server_limit is not None and length <= opts.server_limit:
+                # A length the server holds keeps only the nudges it holds too: the default gate
+                # target is the longest length whose every planned cell can be measured.
+                targets = [t for t in targets if t <= opts.server_limit]
             for variant in g.variants:
                 for target in targets:
                     if scenario == "shared_prefix":

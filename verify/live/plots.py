@@ -3,31 +3,60 @@
 A column is a nominal length; its value aggregates that length's nudged variants (residues mod 4,
 page boundaries) and repeats, so a single bad residue shows as a partial cell instead of
 disappearing in a wide grid. The CSV has every variant separately.
+
+Only measurements (pass / fail) are coloured on the red-green scale. A square with no measurement
+gets its state's own colour and letter (truncated, unchecked, error, not measured, skipped), and a
+square with some requests not measured carries their letters under its rate: a truncated or
+rate-limited cell never reads as a recall failure.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from verify.live.states import (
+    ERROR,
+    FAIL,
+    LETTERS,
+    PASS,
+    SKIPPED,
+    TRUNCATED,
+    UNCHECKED,
+    UNMEASURED,
+    state_of,
+)
 from verify.live.summary import CellSummary
 
+# Colours of the states that are not measurements (letters as in the report's tables).
+_COLOURS = {TRUNCATED: "#8e44ad", UNCHECKED: "#f39c12", ERROR: "#5d6d7e", UNMEASURED: "#d5d8dc", SKIPPED: "#ffffff"}
+STATE_STYLE = {state: (colour, LETTERS[state]) for state, colour in _COLOURS.items()}
+_STYLE_ORDER = (TRUNCATED, ERROR, UNCHECKED, UNMEASURED, SKIPPED)  # which colour a square gets
 
-def _grid(
+
+def square_counts(
     cells: Sequence[CellSummary], arm: str, scenario: str
-) -> tuple[list[int], list[float], dict[tuple[int, float], float]]:
-    acc: dict[tuple[int, float], list[int]] = defaultdict(lambda: [0, 0])
+) -> dict[tuple[int, float], Counter[str]]:
+    """Requests per state for each (nominal length, depth) square of one arm's map."""
+    group = "shared_prefix" if scenario == "shared_prefix" else "sequential"
+    acc: dict[tuple[int, float], Counter[str]] = defaultdict(Counter)
     for c in cells:
-        group = "shared_prefix" if scenario == "shared_prefix" else "sequential"
-        if c.arm != arm or c.scenario != scenario or c.group != group or c.skipped:
-            continue
-        slot = acc[(c.base_length, c.depth_pct)]
-        slot[0] += int(c.passed)
-        slot[1] += 1
-    lengths = sorted({k[0] for k in acc})
-    depths = sorted({k[1] for k in acc})
-    return lengths, depths, {k: v[0] / v[1] for k, v in acc.items() if v[1]}
+        if c.arm == arm and c.scenario == scenario and c.group == group:
+            for r in c.records:
+                acc[(c.base_length, c.depth_pct)][state_of(r)] += 1
+    return acc
+
+
+def square_look(counts: Counter[str]) -> tuple[float | None, str, str | None]:
+    """(pass rate over measurements or None, text, state colour when there is no measurement)."""
+    measured = counts[PASS] + counts[FAIL]
+    letters = "".join(STATE_STYLE[s][1] for s in _STYLE_ORDER if counts[s])
+    if measured:
+        rate = counts[PASS] / measured
+        return rate, f"{rate:.2f}" + (f"\n+{letters}" if letters else ""), None
+    state = next(s for s in _STYLE_ORDER if counts[s])
+    return None, STATE_STYLE[state][1], STATE_STYLE[state][0]
 
 
 def heatmaps(cells: Sequence[CellSummary], out_dir: Path, labels: dict[str, str]) -> list[Path]:
@@ -36,58 +65,94 @@ def heatmaps(cells: Sequence[CellSummary], out_dir: Path, labels: dict[str, str]
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.patches import Patch, Rectangle
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     arms = sorted({c.arm for c in cells})
     scenarios = sorted({c.scenario for c in cells})
-    grids = {(a, s): _grid(cells, a, s) for a in arms for s in scenarios}
+    grids = {(a, s): square_counts(cells, a, s) for a in arms for s in scenarios}
+
+    def axes_of(squares: dict[tuple[int, float], Counter[str]]) -> tuple[list[int], list[float]]:
+        return sorted({k[0] for k in squares}), sorted({k[1] for k in squares})
 
     def draw(
-        values: np.ndarray, lengths: list[int], depths: list[float], title: str, path: Path, delta: bool
+        values: np.ndarray,
+        texts: dict[tuple[int, int], str],
+        paints: dict[tuple[int, int], str],
+        lengths: list[int],
+        depths: list[float],
+        title: str,
+        path: Path,
+        delta: bool,
     ) -> None:
         fig, ax = plt.subplots(figsize=(1.0 + 0.75 * max(4, len(lengths)), 1.2 + 0.42 * max(3, len(depths))))
-        cmap = plt.get_cmap("RdBu" if delta else "RdYlGn").with_extremes(bad="#d0d0d0")
+        cmap = plt.get_cmap("RdBu" if delta else "RdYlGn").with_extremes(bad="#ffffff")
         im = ax.imshow(
             np.ma.masked_invalid(values), cmap=cmap, vmin=-1 if delta else 0, vmax=1, aspect="auto"
         )
+        for (i, j), colour in paints.items():
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=colour, edgecolor="#999999", lw=0.5))
+        for (i, j), text in texts.items():
+            ax.text(j, i, text, ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(lengths)), [f"{n:,}" for n in lengths], rotation=45, ha="right")
         ax.set_yticks(range(len(depths)), [f"{d:g}%" for d in depths])
         ax.set_xlabel("prompt length (tokens, nominal)")
         ax.set_ylabel("needle depth")
         ax.set_title(title, fontsize=10)
-        for i in range(len(depths)):
-            for j in range(len(lengths)):
-                v = values[i, j]
-                if not np.isnan(v):
-                    ax.text(j, i, f"{v:+.2f}" if delta else f"{v:.2f}", ha="center", va="center", fontsize=7)
         fig.colorbar(im, ax=ax, fraction=0.04)
+        used = sorted({c for c in paints.values()})
+        if used:
+            names = {colour: f"{letter} {state}" for state, (colour, letter) in STATE_STYLE.items()}
+            ax.legend(
+                handles=[Patch(facecolor=c, edgecolor="#999999", label=names[c]) for c in used],
+                loc="upper center",
+                bbox_to_anchor=(0.5, -0.32),
+                ncol=len(used),
+                fontsize=7,
+                frameon=False,
+            )
         fig.subplots_adjust(left=0.12, right=0.95, bottom=0.25, top=0.88)
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
 
-    for (arm, scenario), (lengths, depths, vals) in grids.items():
-        if not vals:
+    for (arm, scenario), squares in grids.items():
+        if not squares:
             continue
+        lengths, depths = axes_of(squares)
         arr = np.full((len(depths), len(lengths)), np.nan)
-        for (n, d), v in vals.items():
-            arr[depths.index(d), lengths.index(n)] = v
-        title = f"{scenario} - {labels.get(arm, arm)}: pass rate"
-        draw(arr, lengths, depths, title, out_dir / f"{scenario}__{arm}.png", delta=False)
+        texts: dict[tuple[int, int], str] = {}
+        paints: dict[tuple[int, int], str] = {}
+        for (n, d), counts in squares.items():
+            i, j = depths.index(d), lengths.index(n)
+            rate, text, paint = square_look(counts)
+            texts[(i, j)] = text
+            if rate is not None:
+                arr[i, j] = rate
+            if paint is not None:
+                paints[(i, j)] = paint
+        title = f"{scenario} - {labels.get(arm, arm)}: pass rate (measured requests)"
+        draw(arr, texts, paints, lengths, depths, title, out_dir / f"{scenario}__{arm}.png", delta=False)
 
     if "server" in arms and "baseline" in arms:
         for scenario in scenarios:
-            ls, ds, sv = grids[("server", scenario)]
-            lb, db, bv = grids[("baseline", scenario)]
-            lengths, depths = sorted(set(ls) | set(lb)), sorted(set(ds) | set(db))
+            sv, bv = grids[("server", scenario)], grids[("baseline", scenario)]
             if not sv or not bv:
                 continue
+            lengths, depths = axes_of({**sv, **bv})
             arr = np.full((len(depths), len(lengths)), np.nan)
+            texts, paints = {}, {}
             for i, d in enumerate(depths):
                 for j, n in enumerate(lengths):
-                    if (n, d) in sv and (n, d) in bv:
-                        arr[i, j] = sv[(n, d)] - bv[(n, d)]
+                    s_rate = square_look(sv[(n, d)])[0] if (n, d) in sv else None
+                    b_rate = square_look(bv[(n, d)])[0] if (n, d) in bv else None
+                    if s_rate is None or b_rate is None:
+                        paints[(i, j)] = STATE_STYLE[UNMEASURED][0]
+                        texts[(i, j)] = "M"
+                        continue
+                    arr[i, j] = s_rate - b_rate
+                    texts[(i, j)] = f"{s_rate - b_rate:+.2f}"
             title = f"{scenario}: {labels.get('server', 'server')} minus {labels.get('baseline', 'baseline')}"
-            draw(arr, lengths, depths, title, out_dir / f"{scenario}__delta.png", delta=True)
+            draw(arr, texts, paints, lengths, depths, title, out_dir / f"{scenario}__delta.png", delta=True)
     return written

@@ -10,17 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from verify.live.client import ArmClient, RequestFailure, Sampling
 from verify.live.layouts import Message, Rendered
-from verify.live.tokens import (
-    CalibratedCounter,
-    ServerTokenCounter,
-    TokenCounter,
-    TokenizeUnavailable,
-    calibrate,
-)
+from verify.live.retry import RetryPolicy, with_retries
+from verify.live.tokens import CalibratedCounter, ServerTokenCounter, TokenCounter, TokenizeUnavailable
 
 # server_info fields worth showing in the report (the full JSON goes to environment.json).
 SERVER_INFO_FIELDS = (
@@ -218,8 +211,14 @@ def _tiny_prompt() -> Rendered:
     return Rendered(messages=messages, tools=None, needle_frac=None)
 
 
-async def make_counter(arm: ArmClient, profile: ServerProfile, sampling: Sampling) -> TokenCounter:
-    """Server tokenizer when present (checked against usage once), else the calibrated estimate."""
+async def make_counter(
+    arm: ArmClient, profile: ServerProfile, sampling: Sampling, policy: RetryPolicy
+) -> TokenCounter:
+    """Server tokenizer when present (checked against usage once), else the calibrated estimate.
+
+    Transient faults here (a rate-limiting router, a 503) are retried like any request; only an
+    endpoint that does not work at all (missing route, no `messages` support) means "no tokenizer".
+    """
     kwargs = sampling.template_kwargs()
     probe_sampling = Sampling(
         temperature=sampling.temperature,
@@ -229,26 +228,38 @@ async def make_counter(arm: ArmClient, profile: ServerProfile, sampling: Samplin
         stream=False,
     )
 
-    async def usage_tokens(rendered: Rendered) -> int:
-        result = await arm.chat(profile.model, rendered, probe_sampling, max_tokens=1)
-        if result.prompt_tokens is None:
-            raise SetupError(
-                f"the {arm.label} returned no usage.prompt_tokens; prompt sizes cannot be checked"
-            )
+    async def usage_tokens(rendered: Rendered) -> int | None:
+        result = await with_retries(
+            policy, lambda: arm.chat(profile.model, rendered, probe_sampling, max_tokens=1)
+        )
         return result.prompt_tokens
+
+    async def calibration_probe(rendered: Rendered) -> int:
+        tokens = await usage_tokens(rendered)
+        if tokens is None:
+            raise RequestFailure("server_error", f"the {arm.label} returned no usage.prompt_tokens for a probe")
+        return tokens
 
     for path in ("/v1/tokenize", "/tokenize"):
         counter = ServerTokenCounter(arm.http, path, profile.model, kwargs)
         try:
-            n = await counter.raw_count(_tiny_prompt())
-        except (TokenizeUnavailable, httpx.HTTPError, ValueError) as e:
+            n = await with_retries(policy, lambda c=counter: c.raw_count(_tiny_prompt()))
+        except TokenizeUnavailable as e:
             # Missing route, old server without `messages`, or a non-JSON answer: try the next one.
             profile.notes.append(f"{path} not usable: {str(e)[:120]}")
             continue
+        except RequestFailure as e:
+            raise SetupError(f"the {arm.label}'s {path} kept failing at start-up: {e.message}") from e
         try:
             used = await usage_tokens(_tiny_prompt())
         except RequestFailure as e:
             raise SetupError(f"the {arm.label} failed a 1-token probe request: {e.message}") from e
+        if used is None:
+            profile.notes.append(
+                "no usage.prompt_tokens even without streaming: the length the server reads cannot be "
+                "checked, so every cell will be 'unchecked'"
+            )
+            return counter
         counter.offset = used - n
         if counter.offset:
             profile.notes.append(
@@ -257,10 +268,15 @@ async def make_counter(arm: ArmClient, profile: ServerProfile, sampling: Samplin
             )
         return counter
     try:
-        counter_c: CalibratedCounter = await calibrate(usage_tokens)
+        used = await usage_tokens(_tiny_prompt())
     except RequestFailure as e:
-        raise SetupError(f"the {arm.label} failed the calibration probes: {e.message}") from e
+        raise SetupError(f"the {arm.label} failed a 1-token probe request: {e.message}") from e
+    if used is None:
+        raise SetupError(
+            f"the {arm.label} has no usable tokenize endpoint and returns no usage.prompt_tokens, so prompt "
+            "sizes can be neither fitted nor checked. Serve /v1/tokenize or return usage (SGLang does both)."
+        )
     profile.notes.append(
-        "no tokenize endpoint: prompt sizes are estimates calibrated from usage.prompt_tokens"
+        "no tokenize endpoint: prompt sizes are estimates calibrated per scenario layout from usage.prompt_tokens"
     )
-    return counter_c
+    return CalibratedCounter(probe=calibration_probe)

@@ -1,4 +1,5 @@
-"""The markdown report: verdict and gate first, then environment, results, A/B, robustness, problems."""
+"""The markdown report: verdict, what is missing and the gate first, then the requests per state,
+environment, results, A/B, robustness and problems. Every count comes from the one Evaluation."""
 
 from __future__ import annotations
 
@@ -8,10 +9,29 @@ from pathlib import Path
 from typing import Any
 
 from verify.live.config import BASELINE, SERVER, RunConfig
+from verify.live.gate import FAILED, INCOMPLETE, Evaluation, max_passing_length
 from verify.live.grid import CONTROL_MAX
 from verify.live.probe import ServerProfile
 from verify.live.scenarios import SCENARIOS, max_tokens_for
-from verify.live.summary import CellSummary, Evaluation, by_length, gate_scenarios_of, max_passing_length
+from verify.live.states import (
+    ERROR,
+    FAIL,
+    LETTERS,
+    PASS,
+    SKIPPED,
+    STATES,
+    TRUNCATED,
+    UNCHECKED,
+    UNMEASURED,
+    remedy,
+    state_of,
+)
+from verify.live.summary import CellSummary
+
+# Requests that are not measurements are counted beside a table cell's rate by these letters (the
+# heatmaps use the same letters and a colour per state): they never read as recall failures.
+STATE_MARKS = {s: LETTERS[s] for s in (TRUNCATED, UNCHECKED, ERROR, UNMEASURED, SKIPPED)}
+STATUS_TEXT = {"ok": "ok", FAILED: "**FAIL**", INCOMPLETE: "**INCOMPLETE**"}
 
 ENV_ROWS = (
     ("URL", lambda p: p.url),
@@ -62,24 +82,24 @@ def render_report(
     counter_description: str,
     images: Sequence[Path],
     env_extra: dict[str, Any],
+    command: str,
 ) -> str:
     labels = arm_labels(profiles)
     arms = [a for a in (SERVER, BASELINE) if a in profiles]
     out: list[str] = []
-    verdict = "PASS" if ev.gate_ok else "FAIL"
-    out.append(f"# verify_recall, live tier: {verdict}\n")
+    out.append(f"# verify_recall, live tier: {ev.verdict}\n")
     if ev.aborted:
         out.append(f"> **Run stopped early:** {ev.aborted}\n")
+    out += _verdict_block(ev, command)
     out.append(
-        f"Gate target: every depth passes up to **{ev.target_length:,}** tokens. "
+        f"Gate target: every depth passes up to **{ev.target_length:,}** tokens ({ev.target_note}). "
         + "; ".join(f"{labels[a]} passes every depth up to **{ev.max_len.get(a, 0):,}**" for a in arms)
         + ".\n"
     )
+    out += _states_table(ev, arms, labels)
     out.append("| | check | result | detail |\n|---|---|---|---|")
     for c in sorted(ev.checks, key=lambda c: not c.gate):
-        out.append(
-            f"| {'gate' if c.gate else 'info'} | {_cell(c.name)} | {'ok' if c.ok else '**FAIL**'} | {_cell(c.detail)} |"
-        )
+        out.append(f"| {'gate' if c.gate else 'info'} | {_cell(c.name)} | {STATUS_TEXT[c.status]} | {_cell(c.detail)} |")
     out.append("")
 
     out.append("## Environment\n")
@@ -89,6 +109,11 @@ def render_report(
     out.append("| notes | " + " | ".join(_cell("; ".join(profiles[a].notes) or "-") for a in arms) + " |")
     out.append("")
     out.append(f"- Token counts: {counter_description}")
+    timeout = (
+        f"{cfg.timeout_s:g} s per request"
+        if cfg.timeout_s is not None
+        else "scaled per request (30 s + 2 ms per prompt token + 0.1 s per completion token)"
+    )
     out.append(
         f"- Client: openai {env_extra.get('openai')}, python {env_extra.get('python')}, harness "
         f"{env_extra.get('harness_version')}, corpus {env_extra.get('corpus_version')}; chat completions, "
@@ -99,11 +124,14 @@ def render_report(
             if cfg.max_tokens
             else ", ".join(f"{s} {max_tokens_for(s, cfg.thinking, None)}" for s in SCENARIOS)
         )
+        + f"; timeout {timeout}; up to {cfg.retries} retries of transient faults (backoff from "
+        f"{cfg.retry_wait_s:g} s, at most {cfg.retry_max_wait_s:g} s, Retry-After honoured)"
     )
     out.append(
         f"- Plan: {'quick' if cfg.grid.quick else 'full'} grid, repeats {cfg.repeats}, concurrency "
-        f"{cfg.concurrency or 'off'}, shared prefix {'on' if cfg.shared_prefix else 'off'}, controls <= "
-        f"{CONTROL_MAX} tokens, nudges {'+'.join(cfg.grid.nudge_modes())}, max length {cfg.grid.effective_max():,}"
+        f"{cfg.concurrency or 'off'}, shared prefix {'on' if cfg.shared_prefix else 'off'}, controls: "
+        f"prompts the server read as <= {CONTROL_MAX} (+3) tokens, nudges {'+'.join(cfg.grid.nudge_modes())}, "
+        f"max length {cfg.grid.effective_max():,}"
     )
     for sc in SCENARIOS:
         lens = sorted({c.base_length for c in ev.cells if c.scenario == sc})
@@ -114,15 +142,19 @@ def render_report(
     out.append("")
 
     out.append("## Max length passing at all depths\n")
+    out.append(
+        "Every planned request of every length up to it measured and passed; a length with a request "
+        "not measured ends it like a failure.\n"
+    )
     scen_present = [s for s in SCENARIOS if any(c.scenario == s for c in ev.cells)]
     out.append("| scenario | " + " | ".join(labels[a] for a in arms) + " |\n|---|" + "---|" * len(arms))
     for s in scen_present:
         if s == "shared_prefix":
             continue
-        vals = [max_passing_length(by_length(ev.cells, a, (s,))) for a in arms]
+        vals = [max_passing_length(ev.records, a, (s,)) for a in arms]
         out.append(f"| {s} | " + " | ".join(f"{v:,}" for v in vals) + " |")
     out.append(
-        f"| **gate ({' + '.join(gate_scenarios_of(ev.cells))})** | "
+        f"| **gate ({' + '.join(ev.gate_scenarios)})** | "
         + " | ".join(f"**{ev.max_len.get(a, 0):,}**" for a in arms)
         + " |"
     )
@@ -130,7 +162,10 @@ def render_report(
 
     out.append("## Results per scenario\n")
     out.append(
-        "Cells show passed/measured over nudged lengths and repeats (server / baseline with a baseline).\n"
+        "Cells show passed/measured over nudged lengths and repeats (server / baseline with a baseline); "
+        "requests that are not measurements are counted beside it: "
+        + ", ".join(f"`{m}` {s}" for s, m in STATE_MARKS.items())
+        + ". They are never counted as failures.\n"
     )
     image_names = {p.name for p in images}
     for s in scen_present:
@@ -142,17 +177,74 @@ def render_report(
     out += _problems_section(ev)
     out.append("## Files\n")
     out.append(
-        "- `requests.jsonl`: one line per request (prompt hash, expected, answer, usage, finish_reason, TTFT)"
+        "- `requests.jsonl`: one line per request (state, prompt hash, expected, answer, usage, "
+        "finish_reason, TTFT, error kind)"
     )
     out.append(
-        "- `summary.csv`: one row per cell and pass group"
+        "- `summary.csv`: one row per cell and pass group, with its state"
         + (", `ab_deltas.csv`: paired cells" if ev.ab else "")
     )
-    out.append("- `environment.json`: full server info of each arm; `run.json`: settings a resume must match")
+    out.append(
+        "- `environment.json`: full server info of each arm; `run.json`: settings a resume must match, "
+        "and the outcome (verdict, exit code, requests per state)"
+    )
     if images:
         out.append("- `heatmaps/`: " + ", ".join(sorted(image_names)))
     out.append("")
     return "\n".join(out)
+
+
+def _verdict_block(ev: Evaluation, command: str) -> list[str]:
+    if ev.verdict == "PASS":
+        return []
+    if ev.verdict == "FAIL":
+        out = ["> **FAIL**: a gate request was measured and answered wrong (see the gate rows below)."]
+    else:
+        n_gate = sum(ev.gate_states.values())
+        n_missing = sum(m.count for m in ev.missing)
+        out = [
+            f"> **INCOMPLETE**: {n_missing} of {n_gate} gate requests have no measurement"
+            + ("; the run stopped early" if ev.aborted else "")
+            + ". Nothing here is a recall failure. What completes it:"
+        ]
+    if ev.missing:
+        out.append(">")
+        for m in ev.missing:
+            example = m.example.replace("\n", " ")[:200]
+            out.append(f"> - {m.count} {m.label}, e.g. {example}: {m.remedy}")
+    if ev.verdict == "INCOMPLETE" or ev.missing:
+        first = (
+            "Rerun to complete"
+            if all(m.rerun_completes for m in ev.missing)
+            else "After the fixes above, rerun"
+        )
+        out.append(">")
+        out.append(f"> {first}: `{command}` (it resumes: measured requests are not sent again).")
+    out.append("")
+    return out
+
+
+def _states_table(ev: Evaluation, arms: Sequence[str], labels: dict[str, str]) -> list[str]:
+    out = [
+        "Requests per state (every planned request ends in exactly one; only pass and fail are measurements):\n",
+        "| requests | planned | " + " | ".join(STATES) + " |",
+        "|---|---|" + "---|" * len(STATES),
+    ]
+    rows = [(labels[a], ev.states.get(a, {})) for a in arms] + [("gate (server)", ev.gate_states)]
+    for name, counts in rows:
+        out.append(
+            f"| {name} | {sum(counts.values())} | " + " | ".join(str(counts.get(s, 0)) for s in STATES) + " |"
+        )
+    out.append("")
+    return out
+
+
+def state_text(counts: Counter[str] | dict[str, int]) -> str:
+    """'2/3', '2/3 T1', 'T3', 'S2': passed/measured, then the other states by letter."""
+    measured = counts.get(PASS, 0) + counts.get(FAIL, 0)
+    parts = [f"{counts.get(PASS, 0)}/{measured}"] if measured else []
+    parts += [f"{m}{counts[s]}" for s, m in STATE_MARKS.items() if counts.get(s)]
+    return " ".join(parts) or "-"
 
 
 def _scenario_section(
@@ -160,25 +252,24 @@ def _scenario_section(
 ) -> list[str]:
     out = [f"### {scenario}\n"]
     group = "shared_prefix" if scenario == "shared_prefix" else "sequential"
-    table: dict[tuple[int, float], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    table: dict[tuple[int, float], dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
     for c in cells:
-        if c.scenario != scenario or c.group != group or c.skipped:
+        if c.scenario != scenario or c.group != group:
             continue
-        slot = table[(c.base_length, c.depth_pct)][c.arm]
-        slot[0] += int(c.passed)
-        slot[1] += 1
+        for r in c.records:
+            table[(c.base_length, c.depth_pct)][c.arm][state_of(r)] += 1
     lengths = sorted({k[0] for k in table})
     depths = sorted({k[1] for k in table})
     if not lengths:
-        out.append("No measured cells.\n")
+        out.append("No planned cells.\n")
         return out
     out.append("| length \\ depth | " + " | ".join(f"{d:g}%" for d in depths) + " |")
     out.append("|---|" + "---|" * len(depths))
     for n in lengths:
         row = []
         for d in depths:
-            parts = [table[(n, d)][a] for a in arms if table[(n, d)][a][1]]
-            row.append(" / ".join(f"{p}/{t}" for p, t in parts) or "-")
+            parts = [state_text(table[(n, d)][a]) for a in arms if table[(n, d)][a]]
+            row.append(" / ".join(parts) or "-")
         out.append(f"| {n:,} | " + " | ".join(row) + " |")
     out.append("")
     for a in arms:
@@ -187,28 +278,29 @@ def _scenario_section(
             out.append(f"![{scenario} {labels[a]}](heatmaps/{name})")
     if f"{scenario}__delta.png" in images:
         out.append(f"![{scenario} delta](heatmaps/{scenario}__delta.png)")
-    fails = [
-        c
-        for c in cells
-        if c.scenario == scenario and c.group == group and c.arm == SERVER and c.n and not c.passed
-    ]
-    if fails:
-        out.append("\nFailing server cells (first 12):\n")
+    order = {s: i for i, s in enumerate((FAIL, TRUNCATED, ERROR, UNCHECKED))}
+    open_cells = sorted(
+        (
+            c
+            for c in cells
+            if c.scenario == scenario and c.group == group and c.arm == SERVER and c.state in order
+        ),
+        key=lambda c: (order[c.state], c.base_length, c.depth_pct, c.cell_id),
+    )
+    if open_cells:
+        out.append(f"\nServer cells that did not pass ({len(open_cells)}; the first 12, failures first):\n")
         out.append(
-            "| cell | prompt_tokens | needle at token | expected | answer | first wrong char | finish |"
+            "| state | cell | prompt_tokens read / sent | needle at token | expected | answer | first wrong char | finish |"
         )
-        out.append("|---|---|---|---|---|---|---|")
-        for c in fails[:12]:
-            r = next((r for r in c.measured() if not r.get("passed")), c.measured()[0])
-            answer = (
-                r.get("answer")
-                if r.get("status") == "ok"
-                else f"[{r.get('error_kind')}] {r.get('error', '')}"
-            )
+        out.append("|---|---|---|---|---|---|---|---|")
+        for c in open_cells[:12]:
+            r = next(r for r in c.records if state_of(r) == c.state)
+            state = c.state + (f" ({r.get('error_kind') or r.get('unchecked_kind')})" if c.state in (ERROR, UNCHECKED) else "")
+            answer = r.get("answer") if "answer" in r else f"[{r.get('error_kind')}] {r.get('error', '')}"
             out.append(
-                f"| {_cell(c.cell_id)} | {r.get('prompt_tokens')} | {r.get('needle_token_pos')} | "
-                f"{_cell(', '.join(r.get('expected') or []))} | {_cell(str(answer)[:90])} | "
-                f"{r.get('first_wrong_char')} | {r.get('finish_reason')} |"
+                f"| {state} | {_cell(c.cell_id)} | {r.get('prompt_tokens', '-')} / {r.get('measured_tokens', '-')} | "
+                f"{r.get('needle_token_pos')} | {_cell(', '.join(r.get('expected') or []))} | "
+                f"{_cell(str(answer)[:90])} | {r.get('first_wrong_char')} | {r.get('finish_reason')} |"
             )
     out.append("")
     return out
@@ -220,18 +312,20 @@ def _ab_section(ev: Evaluation, labels: dict[str, str]) -> list[str]:
     paired = [x for x in ev.ab if x.delta is not None]
     worse = [x for x in paired if (x.delta or 0) < 0]
     better = [x for x in paired if (x.delta or 0) > 0]
+    unpaired = len(ev.ab) - len(paired)
     if not paired:
-        out.append("No paired cells were measured.\n")
+        out.append("No cell was measured on both servers.\n")
         return out
+    tail = f" {unpaired} cells were not measured on both servers and are not compared." if unpaired else ""
     if worse:
         out.append(
             f"**{s} is worse than {b} on {len(worse)} of {len(paired)} paired cells.** "
-            f"It is better on {len(better)}.\n"
+            f"It is better on {len(better)}.{tail}\n"
         )
     else:
         out.append(
             f"**{s} is never worse than {b}**: {len(paired)} paired cells, better on {len(better)}, "
-            f"equal on {len(paired) - len(better)}.\n"
+            f"equal on {len(paired) - len(better)}.{tail}\n"
         )
     seq = by_length_pairs(ev)
     if seq:
@@ -254,10 +348,10 @@ def _ab_section(ev: Evaluation, labels: dict[str, str]) -> list[str]:
 
 
 def by_length_pairs(ev: Evaluation) -> dict[int, tuple[int, int, int, int]]:
-    """Per nominal length: (server passed, server cells, baseline passed, baseline cells), sequential."""
+    """Per nominal length: (server passed, server measured, baseline passed, baseline measured) cells."""
     acc: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for c in ev.cells:
-        if c.group != "sequential" or c.skipped or c.arm not in (SERVER, BASELINE):
+        if c.group != "sequential" or c.state not in (PASS, FAIL) or c.arm not in (SERVER, BASELINE):
             continue
         i = 0 if c.arm == SERVER else 2
         acc[c.base_length][i] += int(c.passed)
@@ -267,20 +361,22 @@ def by_length_pairs(ev: Evaluation) -> dict[int, tuple[int, int, int, int]]:
 
 def _robustness_section(ev: Evaluation) -> list[str]:
     out = ["## Robustness passes\n"]
-    seq = [c for c in ev.cells if c.group == "sequential" and c.n > 1]
+    seq = [c for c in ev.cells if c.group == "sequential" and c.planned > 1]
     if seq:
         for arm in sorted({c.arm for c in seq}):
-            mine = [c for c in seq if c.arm == arm]
+            mine = [c for c in seq if c.arm == arm and c.answers_agree is not None]
             bad = [c for c in mine if c.answers_agree is False]
             out.append(
-                f"- Repeats ({arm}): {len(mine) - len(bad)}/{len(mine)} cells gave identical answers"
+                f"- Repeats ({arm}): {len(mine) - len(bad)}/{len(mine)} cells with 2+ measured answers gave "
+                "identical answers"
                 + (f"; differing: {', '.join(f'{c.scenario} {c.cell_id}' for c in bad[:8])}" if bad else "")
             )
     for group, what in (("concurrency", "Concurrency pass"), ("shared_prefix", "Shared-prefix pass")):
         for arm in sorted({c.arm for c in ev.cells if c.group == group}):
-            mine = [c for c in ev.cells if c.group == group and c.arm == arm and not c.skipped]
+            mine = [c for c in ev.cells if c.group == group and c.arm == arm]
             if mine:
-                out.append(f"- {what} ({arm}): {sum(c.passed for c in mine)}/{len(mine)} cells pass")
+                counts = Counter(c.state for c in mine)
+                out.append(f"- {what} ({arm}): {state_text(counts)} cells")
     if len(out) == 1:
         out.append("- none run")
     out.append("")
@@ -291,42 +387,57 @@ def _problems_section(ev: Evaluation) -> list[str]:
     out = ["## Problems\n"]
     skipped: Counter[str] = Counter()
     errors: dict[tuple[str, str], list[str]] = defaultdict(list)
-    budget: list[str] = []
-    trunc: list[str] = []
+    unchecked: dict[tuple[str, str], list[str]] = defaultdict(list)
+    trunc: dict[str, list[str]] = defaultdict(list)
+    reasoning: Counter[str] = Counter()
+    followups: Counter[str] = Counter()
     off_by: list[int] = []
-    for c in ev.cells:
-        if c.skipped:
-            skipped[f"{c.arm}: {c.skip_reason}"] += 1
-        for r in c.measured():
-            if r.get("status") == "error":
-                errors[(c.arm, str(r.get("error_kind")))].append(
-                    f"{c.scenario} {c.cell_id}: {r.get('error')}"
-                )
-            elif r.get("truncated"):
-                trunc.append(
-                    f"{c.arm} {c.scenario} {c.cell_id}: prompt_tokens {r.get('prompt_tokens')} "
-                    f"for {r.get('measured_tokens')} sent"
-                )
-            elif not r.get("ok") and r.get("finish_reason") == "length":
-                budget.append(f"{c.arm} {c.scenario} {c.cell_id}")
-            if r.get("status") == "ok" and r.get("token_delta") and not r.get("truncated"):
-                off_by.append(int(r["token_delta"]))
+    for r in ev.records:
+        st, arm, where = state_of(r), r["arm"], f"{r['scenario']} {r['cell_id']}"
+        if st == SKIPPED:
+            skipped[f"{arm}: {r.get('reason')}"] += 1
+        elif st == ERROR:
+            errors[(arm, str(r.get("error_kind")))].append(f"{where}: {r.get('error')}")
+        elif st == UNCHECKED:
+            unchecked[(arm, str(r.get("unchecked_kind")))].append(f"{where}: {r.get('reason')}")
+        elif st == TRUNCATED:
+            trunc[arm].append(f"{where}: {r.get('reason')}")
+        if r.get("reasoning_with_thinking_off"):
+            reasoning[arm] += 1
+        if r.get("usage_source") == "non_stream_followup" or r.get("usage_followup_error"):
+            followups[arm] += 1
+        if st in (PASS, FAIL) and r.get("token_delta"):
+            off_by.append(int(r["token_delta"]))
     if ev.aborted:
         out.append(f"- Run stopped early: {ev.aborted}")
+    for arm, n in sorted(ev.states.items()):
+        if n.get(UNMEASURED):
+            out.append(f"- {n[UNMEASURED]} planned requests on {arm} were not measured (rerun to resume)")
     for reason, n in sorted(skipped.items()):
-        out.append(f"- Skipped {n} cells: {reason}")
+        out.append(f"- Skipped {n} requests: {reason}")
     for (arm, kind), items in sorted(errors.items()):
-        out.append(f"- {len(items)} {kind} errors on {arm}, e.g. {items[0]}")
-    if trunc:
-        out.append(f"- {len(trunc)} truncated prompts, e.g. {trunc[0]}")
+        out.append(f"- {len(items)} `{kind}` errors on {arm} (not recall failures), e.g. {items[0]}. "
+                   f"{remedy(ERROR, kind)[1]}")
+    for arm, items in sorted(trunc.items()):
+        out.append(f"- {len(items)} truncated prompts on {arm} (not scored), e.g. {items[0]}. {remedy(TRUNCATED, '')[1]}")
+    for (arm, kind), items in sorted(unchecked.items()):
+        out.append(f"- {len(items)} unchecked requests on {arm} ({kind}; not scored), e.g. {items[0]}. "
+                   f"{remedy(UNCHECKED, kind)[1]}")
+    for arm, n in sorted(reasoning.items()):
+        out.append(
+            f"- {n} answers on {arm} came with reasoning content although thinking was off: reasoning "
+            "spends the answer's max_tokens and cuts answers short (wrong ones are the "
+            "`reasoning_with_thinking_off` errors above)"
+        )
+    for arm, n in sorted(followups.items()):
+        out.append(
+            f"- {n} streamed answers on {arm} had no usage.prompt_tokens; each was asked again without "
+            "streaming for the count (a proxy dropping stream_options.include_usage?)"
+        )
     if off_by:
         out.append(
-            f"- {len(off_by)} requests where usage.prompt_tokens differs from the fitted count (largest "
+            f"- {len(off_by)} measured requests where usage.prompt_tokens differs from the fitted count (largest "
             f"{max(off_by, key=abs):+d} tokens): lengths are then approximate, residues mod 4 not guaranteed"
-        )
-    if budget:
-        out.append(
-            f"- {len(budget)} wrong answers stopped at max_tokens (finish_reason=length), e.g. {budget[0]}"
         )
     if len(out) == 1:
         out.append("- none")

@@ -16,27 +16,43 @@ import asyncio
 import hashlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from verify.live import HARNESS_VERSION
 from verify.live.client import ArmClient, ChatResult, RequestFailure, Sampling
 from verify.live.config import BASELINE, SERVER, RunConfig
 from verify.live.corpus import CORPUS_VERSION, stable_seed
-from verify.live.fit import Fit, FitCache, FitError, fit_layout
-from verify.live.grid import CONTROL_MAX, GridOptions, base_cells, concurrency_cells
+from verify.live.fit import Fit, FitCache, FitError, Knobs, fit_layout
+from verify.live.gate import TargetPlan, resolve_target
+from verify.live.grid import GridOptions, base_cells, concurrency_cells, is_control
 from verify.live.layouts import Rendered
 from verify.live.probe import ServerProfile, SetupError, make_counter, profile_server
+from verify.live.retry import RetryPolicy, with_retries
 from verify.live.scenarios import SHARED_PREFIX_DEPTHS, Cell, PromptSpec, build, max_tokens_for
 from verify.live.scoring import score_answer
+from verify.live.states import ERROR, MEASURED, PASS, SKIPPED, TRANSIENT_KINDS, TRUNCATED, UNCHECKED, judge
 from verify.live.store import ResultStore, check_resume, record_key, write_run_file
-from verify.live.tokens import TokenCounter, TokenizeUnavailable
+from verify.live.tokens import TokenCounter, rendered_chars
+
+# The default per-request timeout grows with the work asked for (a flat 600 s made every hang cost
+# ten minutes): 30 s, plus 2 ms per prompt token (500 tokens/s of prefill, queueing included),
+# plus 0.1 s per completion token. 1K tokens: ~38 s; 64K: ~167 s; thinking (4096 tokens) adds ~7 min.
+TIMEOUT_BASE_S = 30.0
+TIMEOUT_PER_PROMPT_TOKEN_S = 0.002
+TIMEOUT_PER_OUTPUT_TOKEN_S = 0.1
+SIDE_TIMEOUT_S = 60.0  # tokenize, server info and 1-token probes, unless --timeout is given
+
+
+def request_timeout(cfg: RunConfig, prompt_tokens: int, max_tokens: int) -> float:
+    if cfg.timeout_s is not None:
+        return cfg.timeout_s
+    return TIMEOUT_BASE_S + TIMEOUT_PER_PROMPT_TOKEN_S * prompt_tokens + TIMEOUT_PER_OUTPUT_TOKEN_S * max_tokens
 
 PASSES = ("base", "repeat", "shared_prefix", "concurrency")
 
@@ -73,19 +89,20 @@ class RunState:
     store: ResultStore
     fits: FitCache
     bar: Any  # tqdm
+    policy: RetryPolicy
     abort: asyncio.Event = field(default_factory=asyncio.Event)
     abort_reason: str = ""
     warned: set[str] = field(default_factory=set)
-    planned_keys: list[str] = field(default_factory=list)
+    prior_knobs: dict[str, Knobs] = field(default_factory=dict)  # fit key -> knobs of measured cells
 
 
 @dataclass
 class RunResult:
     profiles: dict[str, ServerProfile]
     counter_description: str
-    planned_keys: list[str]
+    planned: list[dict[str, Any]]  # one cell record (no result) per planned request, in plan order
     aborted: str | None
-    target_length: int
+    target: TargetPlan
     fingerprint: dict[str, Any]
 
 
@@ -123,10 +140,43 @@ def item_key(arm: str, item: WorkItem) -> str:
     return record_key(arm, item.pass_name, item.cell.scenario, item.cell.cell_id, item.repeat)
 
 
+def fit_key(item: WorkItem) -> str:
+    """Requests with one fit key get the byte-identical prompt (repeats, a shared-prefix group)."""
+    return f"{item.nonce}|{item.cell.fit_group}"
+
+
+def layout_family(cell: Cell) -> str:
+    """What a calibrated token count is specific to: the scenario's layout and its variant's text."""
+    return f"{cell.scenario}/{cell.variant}"
+
+
+def planned_record(arm: str, item: WorkItem, seed: int) -> dict[str, Any]:
+    """The cell fields of one planned request: every record starts from these, and a request
+    that never ran is reported from them as 'unmeasured'."""
+    c = item.cell
+    return {
+        "key": item_key(arm, item),
+        "arm": arm,
+        "pass": item.pass_name,
+        "scenario": c.scenario,
+        "variant": c.variant,
+        "cell_id": c.cell_id,
+        "base_length": c.base_length,
+        "target_tokens": c.target_tokens,
+        "depth_pct": c.depth_pct,
+        "extra": c.extra,
+        "repeat": item.repeat,
+        "nonce": item.nonce,
+        "seed": seed,
+        "control": is_control(c.base_length, None),
+    }
+
+
 async def setup_arms(cfg: RunConfig) -> list[Arm]:
     arms: list[Arm] = []
+    side_timeout = cfg.timeout_s if cfg.timeout_s is not None else SIDE_TIMEOUT_S
     for name, url, model in cfg.arms():
-        client = ArmClient(name, url, cfg.api_key, cfg.timeout_s)
+        client = ArmClient(name, url, cfg.api_key, side_timeout)
         try:
             if name == BASELINE and model is None and arms:
                 # Same served name as the server arm when the baseline serves it too.
@@ -178,62 +228,52 @@ def limit_for(arm: Arm, cell: Cell, cfg: RunConfig) -> tuple[int | None, str]:
     return limit, why
 
 
-def resolve_target(cfg: RunConfig, items: Sequence[WorkItem], server: Arm) -> int:
-    """The gate's length: --target-length, else the longest sweep length this server can hold."""
-    sweep = sorted({it.cell.base_length for it in items if it.cell.scenario == "sweep"})
-    lengths = sweep or sorted({it.cell.base_length for it in items})
-    limit = server.profile.max_prompt_tokens(max_tokens_for("sweep", cfg.thinking, cfg.max_tokens))
-    if cfg.target_length is not None:
-        if limit is not None and cfg.target_length > limit:
-            raise SetupError(
-                f"--target-length {cfg.target_length} is longer than the server allows: at most {limit} "
-                f"prompt tokens (max_model_len {server.profile.max_model_len}). Lower --target-length, or "
-                f"relaunch SGLang with a larger --context-length."
-            )
-        return cfg.target_length
-    runnable = [n for n in lengths if limit is None or n <= limit]
-    return max(runnable) if runnable else 0
+def _keep_trying(arm: Arm) -> Callable[[RequestFailure], Awaitable[bool]]:
+    """Before retrying a connection failure: is the server there at all? A dead one is not waited on."""
 
+    async def check(e: RequestFailure) -> bool:
+        return e.kind != "connection" or await _is_alive(arm)
 
-async def _count(state: RunState, rendered: Rendered) -> int:
-    """Count with the server tokenizer; a dead server here is the same fatal error as in a chat."""
-    try:
-        return await state.counter.count(rendered)
-    except httpx.TimeoutException as e:
-        raise RequestFailure("timeout", f"tokenize timed out: {e!r}") from e
-    except httpx.HTTPError as e:
-        raise RequestFailure("connection", f"tokenize failed, cannot reach the server: {e!r}") from e
-    except TokenizeUnavailable as e:
-        raise RequestFailure("server_error", f"tokenize failed: {e}") from e
+    return check
 
 
 async def make_prompt(state: RunState, item: WorkItem) -> tuple[PromptSpec, Fit]:
-    """The cell's prompt, sized to its target with the server's tokenizer.
+    """The cell's prompt, sized to its target with the server's tokenizer (or calibrated estimate).
 
     Cells of a shared-prefix group are sized once, on the group's first question, and every other
-    question renders the same knobs, so the haystack before the question is byte-identical.
+    question renders the same knobs, so the haystack before the question is byte-identical. A cell
+    measured in an earlier run (resume) renders the knobs recorded then, so its repeats stay
+    byte-identical even where calibrated sizes have been re-fitted since.
     """
     cell = item.cell
     spec = build(cell, state.cfg.seed, item.nonce)
-    cache_key = f"{item.nonce}|{cell.fit_group}"
+    key = fit_key(item)
+    family = layout_family(cell)
+    server = state.arms[0]
 
     async def count(r: Rendered) -> int:
-        return await _count(state, r)
+        return await with_retries(state.policy, lambda: state.counter.count(r, family), _keep_trying(server))
 
     grouped = cell.fit_group != f"{cell.scenario}|{cell.cell_id}"
-    fit = state.fits.get(cache_key)
+    fit = state.fits.get(key)
     if fit is None:
         canonical = spec
         if grouped:
             first = replace(cell, extra="k0", depth_pct=SHARED_PREFIX_DEPTHS[0])
             canonical = build(first, state.cfg.seed, item.nonce)
-        fit = await fit_layout(
-            canonical.layout,
-            count,
-            cell.target_tokens,
-            start_units=state.fits.units_hint(cell.scenario, cell.target_tokens),
-        )
-        state.fits.put(cache_key, fit, cell.scenario)
+        await state.counter.prepare(family, canonical.layout)
+        knobs = state.prior_knobs.get(key)
+        if knobs is not None:
+            rendered = canonical.layout.render(knobs.n_units, knobs.pad_words, knobs.pad_suffix)
+            fit = Fit(knobs=knobs, target=cell.target_tokens, tokens=await count(rendered), rendered=rendered, calls=1)
+        else:
+            fit = await fit_layout(
+                canonical.layout,
+                count,
+                cell.target_tokens,
+                start_units=state.fits.units_hint(cell.scenario, cell.target_tokens),
+            )
+        state.fits.put(key, fit, cell.scenario)
     if not grouped:
         return spec, fit
     k = fit.knobs
@@ -244,36 +284,25 @@ async def make_prompt(state: RunState, item: WorkItem) -> tuple[PromptSpec, Fit]
 
 
 def _base_record(state: RunState, arm: Arm, item: WorkItem) -> dict[str, Any]:
-    c = item.cell
-    return {
-        "key": item_key(arm.name, item),
+    return planned_record(arm.name, item, state.cfg.seed) | {
         "time": _now(),
-        "arm": arm.name,
         "url": arm.profile.url,
         "model": arm.profile.model,
         "index_k_format": arm.profile.index_k_format,
-        "pass": item.pass_name,
-        "scenario": c.scenario,
-        "variant": c.variant,
-        "cell_id": c.cell_id,
-        "base_length": c.base_length,
-        "target_tokens": c.target_tokens,
-        "depth_pct": c.depth_pct,
-        "extra": c.extra,
-        "repeat": item.repeat,
-        "nonce": item.nonce,
-        "seed": state.cfg.seed,
-        "control": c.base_length <= CONTROL_MAX,
     }
 
 
-def _prompt_fields(spec: PromptSpec, fit: Fit) -> dict[str, Any]:
+def _prompt_fields(item: WorkItem, spec: PromptSpec, fit: Fit) -> dict[str, Any]:
     blob = json.dumps({"messages": fit.rendered.messages, "tools": fit.rendered.tools}, sort_keys=True)
     frac = fit.rendered.needle_frac
     return {
         "measured_tokens": fit.tokens,
         "fit_exact": fit.exact,
         "fit_calls": fit.calls,
+        "fit_key": fit_key(item),
+        "knobs": [fit.knobs.n_units, fit.knobs.pad_words, fit.knobs.pad_suffix],
+        "family": layout_family(item.cell),
+        "prompt_chars": rendered_chars(fit.rendered),
         "needle_frac": round(frac, 5) if frac is not None else None,
         "needle_token_pos": round(frac * fit.tokens) if frac is not None else None,
         "prompt_sha256": hashlib.sha256(blob.encode()).hexdigest(),
@@ -284,58 +313,69 @@ def _prompt_fields(spec: PromptSpec, fit: Fit) -> dict[str, Any]:
     }
 
 
-def _result_fields(state: RunState, spec: PromptSpec, fit: Fit, res: ChatResult) -> dict[str, Any]:
+def _error_fields(e: RequestFailure, stage: str) -> dict[str, Any]:
+    return {
+        "state": ERROR,
+        "error_kind": e.kind,
+        "error": e.message,
+        "stage": stage,  # "sizing" (tokenize / calibration) or "request" (the chat completion)
+        "attempts": e.attempts,
+        "passed": False,
+        "ok": False,
+    }
+
+
+def _result_fields(
+    state: RunState, item: WorkItem, spec: PromptSpec, fit: Fit, res: ChatResult, pt: int | None
+) -> dict[str, Any]:
     answer = res.answer_text()
     sc = score_answer(answer, spec.expected, spec.distractors)
-    tol = state.cfg.token_tolerance if state.counter.exact else max(state.cfg.token_tolerance, 0.05)
-    pt = res.prompt_tokens
-    truncated = pt is not None and pt < fit.tokens * (1 - tol) - 1
+    verdict, kind, reason = judge(
+        answer_ok=sc.ok,
+        finish_reason=res.finish_reason,
+        reasoning=res.reasoning,
+        thinking=state.cfg.thinking,
+        prompt_tokens=pt,
+        sent_tokens=fit.tokens,
+        target_tokens=item.cell.target_tokens,
+        exact_sizes=state.counter.exact,
+        truncation_tolerance=state.cfg.token_tolerance,
+    )
     decode_s = (res.latency_s - res.ttft_s) if res.ttft_s is not None else None
     tok_s = (
         (res.completion_tokens - 1) / decode_s
         if res.completion_tokens and res.completion_tokens > 1 and decode_s and decode_s > 0
         else None
     )
-    return {
-        "status": "ok",
+    fields: dict[str, Any] = {
+        "state": verdict,
         "answer": answer,
         "content": res.content,
         "reasoning": res.reasoning[:4000],
+        "reasoning_with_thinking_off": bool(res.reasoning) and not state.cfg.thinking,
         "tool_calls": res.tool_calls,
         "finish_reason": res.finish_reason,
         "prompt_tokens": pt,
         "completion_tokens": res.completion_tokens,
         "token_delta": (pt - fit.tokens) if pt is not None else None,
-        "truncated": truncated,
-        "usage_missing": pt is None,
         "ttft_s": round(res.ttft_s, 4) if res.ttft_s is not None else None,
         "latency_s": round(res.latency_s, 4),
         "decode_tok_s": round(tok_s, 2) if tok_s else None,
         "score": sc.score,
-        "ok": sc.ok,
-        "passed": sc.ok and not truncated,
+        "ok": sc.ok,  # the answer holds every expected value (scored or not)
+        "passed": verdict == PASS,
         "first_wrong_char": sc.first_wrong_char,
         "distractor_hit": sc.distractor_hit,
         "response_model": res.response_model,
+        "control": is_control(item.cell.base_length, pt if pt is not None else fit.tokens),
     }
-
-
-async def _chat_with_retry(
-    state: RunState, arm: Arm, spec: PromptSpec, fit: Fit, item: WorkItem
-) -> ChatResult:
-    cfg = state.cfg
-    mt = max_tokens_for(item.cell.scenario, cfg.thinking, cfg.max_tokens)
-    attempt = 0
-    while True:
-        try:
-            return await arm.client.chat(
-                arm.profile.model, fit.rendered, state.sampling, mt, spec.tool_choice
-            )
-        except RequestFailure as e:
-            if e.kind not in ("connection", "server_error") or attempt >= cfg.retries:
-                raise
-            attempt += 1
-            await asyncio.sleep(cfg.retry_wait_s * attempt)
+    if verdict == ERROR:
+        fields |= {"error_kind": kind, "error": reason, "stage": "answer"}
+    elif verdict == UNCHECKED:
+        fields |= {"unchecked_kind": kind, "reason": reason}
+    elif verdict == TRUNCATED:
+        fields["reason"] = reason
+    return fields
 
 
 async def _is_alive(arm: Arm) -> bool:
@@ -347,32 +387,79 @@ async def _is_alive(arm: Arm) -> bool:
 
 
 async def run_arm(state: RunState, arm: Arm, item: WorkItem, spec: PromptSpec, fit: Fit) -> None:
-    rec = _base_record(state, arm, item) | _prompt_fields(spec, fit)
+    cfg = state.cfg
+    mt = max_tokens_for(item.cell.scenario, cfg.thinking, cfg.max_tokens)
+    timeout = request_timeout(cfg, fit.tokens, mt)
+    rec = _base_record(state, arm, item) | _prompt_fields(item, spec, fit) | {"timeout_s": round(timeout, 1)}
+
+    async def ask(sampling: Sampling) -> ChatResult:
+        return await with_retries(
+            state.policy,
+            lambda: arm.client.chat(arm.profile.model, fit.rendered, sampling, mt, spec.tool_choice, timeout),
+            _keep_trying(arm),
+        )
+
     try:
-        res = await _chat_with_retry(state, arm, spec, fit, item)
+        res = await ask(state.sampling)
     except RequestFailure as e:
-        rec |= {"status": "error", "error_kind": e.kind, "error": e.message, "passed": False, "ok": False}
-        state.store.append(rec)
+        state.store.append(rec | _error_fields(e, "request"))
         await _on_failure(state, arm, item, e)
         return
-    rec |= _result_fields(state, spec, fit, res)
-    state.store.append(rec)
-    arm.consecutive_errors = 0
-    if rec["truncated"]:
-        _warn(
-            state,
-            f"trunc-{arm.name}",
-            f"WARNING: the {arm.client.label} counted {rec['prompt_tokens']} prompt tokens for a "
-            f"{fit.tokens}-token prompt ({item.cell.scenario} {item.cell.cell_id}): the prompt was truncated "
-            f"(is --allow-auto-truncate on, or a proxy cutting requests?). Truncated cells are invalid and fail "
-            f"the gate.",
-        )
-    elif rec["usage_missing"]:
+    pt = res.prompt_tokens
+    rec["usage_source"] = ("stream" if state.sampling.stream else "response") if pt is not None else None
+    if pt is None and state.sampling.stream:
+        # No usage in the stream (a proxy may drop it): ask once more without streaming, for the
+        # count alone. Without it a truncated prompt would pass as a genuine answer.
+        try:
+            again = await ask(replace(state.sampling, stream=False))
+        except RequestFailure as e:
+            rec["usage_followup_error"] = e.message
+        else:
+            pt = again.prompt_tokens
+            rec["usage_source"] = "non_stream_followup" if pt is not None else None
         _warn(
             state,
             f"usage-{arm.name}",
-            f"WARNING: the {arm.client.label} returned no usage.prompt_tokens; truncation cannot be checked "
-            f"(try --no-stream if it ignores stream_options.include_usage).",
+            f"NOTE: the {arm.client.label} streams no usage.prompt_tokens (stream_options.include_usage "
+            "dropped by a proxy?); each such request is asked once more without streaming for the count "
+            "(--no-stream avoids the second request).",
+        )
+    rec |= _result_fields(state, item, spec, fit, res, pt)
+    state.store.append(rec)
+    arm.consecutive_errors = 0
+    if arm.name == SERVER and pt is not None and rec["state"] != TRUNCATED:
+        state.counter.observe(rec["family"], rec["prompt_chars"], pt)
+    _warn_about(state, arm, item, rec)
+
+
+def _warn_about(state: RunState, arm: Arm, item: WorkItem, rec: dict[str, Any]) -> None:
+    where = f"({item.cell.scenario} {item.cell.cell_id})"
+    if rec["state"] == TRUNCATED:
+        _warn(
+            state,
+            f"trunc-{arm.name}",
+            f"WARNING: the {arm.client.label} read {rec['prompt_tokens']} prompt tokens of a "
+            f"{rec['measured_tokens']}-token prompt {where}: the prompt was truncated (is --allow-auto-truncate "
+            "on, or a proxy cutting requests?). Truncated cells are not scored; the gate cannot pass on them.",
+        )
+    elif rec["state"] == UNCHECKED:
+        _warn(
+            state,
+            f"unchecked-{arm.name}-{rec['unchecked_kind']}",
+            f"WARNING: {rec['reason']} {where}: the cell is 'unchecked', not scored.",
+        )
+    elif rec["state"] == ERROR:
+        _warn(
+            state,
+            f"answer-{arm.name}-{rec['error_kind']}",
+            f"WARNING: {rec['error']} {where}: reported as error '{rec['error_kind']}', not as a recall failure.",
+        )
+    if rec.get("reasoning_with_thinking_off"):
+        _warn(
+            state,
+            f"reasoning-{arm.name}",
+            f"WARNING: the {arm.client.label} returned reasoning content with thinking off {where}; it spends "
+            "the answer's max_tokens (check chat_template_kwargs / --reasoning-parser).",
         )
 
 
@@ -385,7 +472,8 @@ async def _on_failure(state: RunState, arm: Arm, item: WorkItem, e: RequestFailu
             state,
             f"ctx-{arm.name}-{n}",
             f"NOTE: the {arm.client.label} refused a {n}-token prompt as longer than its context "
-            f"({e.message}); cells of {n} tokens and more are skipped for it.",
+            f"({e.message}); cells of {n} tokens and more are skipped for it, and the default gate target "
+            "is lowered below it.",
         )
         return
     if e.kind == "model_not_found":
@@ -399,7 +487,17 @@ async def _on_failure(state: RunState, arm: Arm, item: WorkItem, e: RequestFailu
         )
         return
     arm.consecutive_errors += 1
-    _warn(state, f"err-{arm.name}-{e.kind}", f"WARNING: {e.message} (recorded; later cells continue)")
+    retry = (
+        f"after {e.attempts} attempt(s); retried on resume"
+        if e.kind in TRANSIENT_KINDS
+        else "not retried in this run"
+    )
+    _warn(
+        state,
+        f"err-{arm.name}-{e.kind}",
+        f"WARNING: {e.message} ({retry}; recorded as error '{e.kind}', never as a recall failure; "
+        "later cells continue)",
+    )
     if arm.consecutive_errors >= cfg.max_consecutive_errors:
         _set_abort(
             state,
@@ -428,17 +526,19 @@ def _arm_skip_reason(state: RunState, arm: Arm, cell: Cell) -> str | None:
     return None
 
 
-def _record_skip(state: RunState, arm: Arm, item: WorkItem, reason: str) -> None:
+def _record_skip(state: RunState, arm: Arm, item: WorkItem, reason: str, kind: str) -> None:
     key = item_key(arm.name, item)
     old = state.store.latest.get(key)
-    if old is not None and old.get("status") == "skipped" and old.get("reason") == reason:
+    if old is not None and old.get("state") == SKIPPED and old.get("reason") == reason:
         return  # already on disk from an earlier run
     state.store.append(
-        _base_record(state, arm, item) | {"status": "skipped", "reason": reason, "passed": False}
+        _base_record(state, arm, item)
+        | {"state": SKIPPED, "skip_kind": kind, "reason": reason, "passed": False, "ok": False}
     )
 
 
 async def process(state: RunState, item: WorkItem) -> None:
+    """One planned item on every arm that still needs it; each arm ends with exactly one record."""
     if state.abort.is_set():
         return
     todo: list[Arm] = []
@@ -448,7 +548,7 @@ async def process(state: RunState, item: WorkItem) -> None:
             continue
         reason = _arm_skip_reason(state, arm, item.cell)
         if reason is not None:
-            _record_skip(state, arm, item, reason)
+            _record_skip(state, arm, item, reason, "beyond_context")
             state.bar.update(1)
             continue
         todo.append(arm)
@@ -458,19 +558,16 @@ async def process(state: RunState, item: WorkItem) -> None:
         spec, fit = await make_prompt(state, item)
     except FitError as e:
         for arm in todo:
-            _record_skip(state, arm, item, f"cannot build the prompt: {e}")
+            _record_skip(state, arm, item, f"cannot build the prompt: {e}", "unbuildable")
             state.bar.update(1)
         return
     except RequestFailure as e:
-        server = state.arms[0]
-        if e.kind == "connection" and not await _is_alive(server):
-            _set_abort(
-                state,
-                f"the server at {server.profile.url} stopped answering while sizing a prompt ({e.message}). "
-                f"Results measured so far are in {state.store.path}; rerun the same command to resume.",
-            )
-        else:
-            _warn(state, f"tok-{e.kind}", f"WARNING: sizing a prompt failed: {e.message}")
+        # Sizing failed (tokenize or a calibration probe, after the retries): the cell is recorded
+        # as an error on every arm that needed it, never dropped, and a rerun retries it.
+        for arm in todo:
+            state.store.append(_base_record(state, arm, item) | _error_fields(e, "sizing"))
+            state.bar.update(1)
+        await _on_failure(state, state.arms[0], item, e)
         return
     if state.cfg.save_prompts:
         _save_prompt(state.cfg.out_dir, spec, fit)
@@ -511,14 +608,28 @@ def _todo_count(state: RunState, items: Sequence[WorkItem]) -> int:
     return sum(1 for it in items for a in state.arms if not state.store.done(item_key(a.name, it)))
 
 
+def _learn_from_earlier_runs(store: ResultStore, counter: TokenCounter) -> dict[str, Knobs]:
+    """Knobs of every measured prompt (resume renders them again), and the server's counts of them
+    (a calibrated counter re-fits from those too)."""
+    knobs: dict[str, Knobs] = {}
+    for rec in store.latest.values():
+        if rec.get("state") not in MEASURED or not rec.get("knobs") or not rec.get("fit_key"):
+            continue
+        n_units, pad_words, pad_suffix = rec["knobs"]
+        knobs.setdefault(rec["fit_key"], Knobs(int(n_units), int(pad_words), str(pad_suffix)))
+        if rec.get("arm") == SERVER and isinstance(rec.get("prompt_tokens"), int) and rec.get("prompt_chars"):
+            counter.observe(str(rec.get("family")), int(rec["prompt_chars"]), int(rec["prompt_tokens"]))
+    return knobs
+
+
 async def run(cfg: RunConfig) -> RunResult:
     arms = await setup_arms(cfg)
     try:
         sampling = Sampling(seed=cfg.seed, thinking=cfg.thinking, stream=cfg.stream)
-        try:
-            counter = await make_counter(arms[0].client, arms[0].profile, sampling)
-        except RequestFailure as e:
-            raise SetupError(f"probing the server's tokenizer failed: {e.message}") from e
+        policy = RetryPolicy(
+            retries=cfg.retries, first_wait_s=cfg.retry_wait_s, max_wait_s=cfg.retry_max_wait_s
+        )
+        counter = await make_counter(arms[0].client, arms[0].profile, sampling, policy)
         fp = fingerprint(cfg, arms, counter)
         problems = check_resume(cfg.out_dir, fp)
         if problems:
@@ -526,18 +637,19 @@ async def run(cfg: RunConfig) -> RunResult:
                 f"{cfg.out_dir} holds results measured under other settings; use a new --out, or the "
                 "same settings to resume:\n  " + "\n  ".join(problems)
             )
+        limit = arms[0].profile.max_prompt_tokens(max_tokens_for("sweep", cfg.thinking, cfg.max_tokens))
+        items = plan_items(cfg, replace(cfg.grid, server_limit=limit))
+        planned = [planned_record(a.name, it, cfg.seed) for it in items for a in arms]
+        target = resolve_target(cfg.target_length, planned, limit, arms[0].profile.max_model_len)
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         write_run_file(cfg.out_dir, fp)
         _write_environment(cfg, arms, counter)
 
-        limit = arms[0].profile.max_prompt_tokens(max_tokens_for("sweep", cfg.thinking, cfg.max_tokens))
-        items = plan_items(cfg, replace(cfg.grid, server_limit=limit))
-        target = resolve_target(cfg, items, arms[0])
         store = ResultStore(cfg.out_dir)
-        planned = [item_key(a.name, it) for it in items for a in arms]
         disable = {"on": False, "off": True}.get(cfg.progress)  # None: only on a terminal
         bar = tqdm(total=0, file=sys.stderr, unit="req", dynamic_ncols=True, disable=disable)
-        state = RunState(cfg, arms, counter, sampling, store, FitCache(), bar, planned_keys=planned)
+        state = RunState(cfg, arms, counter, sampling, store, FitCache(), bar, policy)
+        state.prior_knobs = _learn_from_earlier_runs(store, counter)
         try:
             for pass_name in PASSES:
                 these = [it for it in items if it.pass_name == pass_name]
@@ -554,9 +666,9 @@ async def run(cfg: RunConfig) -> RunResult:
         return RunResult(
             profiles={a.name: a.profile for a in arms},
             counter_description=counter.describe(),
-            planned_keys=planned,
+            planned=planned,
             aborted=state.abort_reason if state.abort.is_set() else None,
-            target_length=target,
+            target=target,
             fingerprint=fp,
         )
     finally:

@@ -2,10 +2,12 @@
 
 Why append + fsync per line: a run that dies (server down, Ctrl-C, OOM) keeps every cell already
 measured, and rerunning the same command skips them (resume). The latest line for a key wins, so
-a retried cell simply appends a newer line.
+a retried cell simply appends a newer line. Only measurements (pass / fail) are skipped on resume:
+an error of any kind, a truncated or unchecked answer is asked again (states.py).
 
 `run.json` pins what makes results comparable (seed, thinking, max_tokens, corpus, model and
-index-K format per arm); resuming into a directory measured under other settings is refused.
+index-K format per arm); resuming into a directory measured under other settings is refused. After
+each run it also holds the outcome: the verdict, its exit code and the requests per state.
 """
 
 from __future__ import annotations
@@ -16,24 +18,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from verify.live.states import is_done
+
 REQUESTS_FILE = "requests.jsonl"
 RUN_FILE = "run.json"
-
-# Error kinds that would repeat identically: the cell counts as done (measured as failing).
-# Not context_too_long: the server may have been relaunched with a longer context since (a refused
-# request costs nothing, so it is simply asked again).
-DETERMINISTIC_ERRORS = frozenset({"bad_request"})
 
 
 def record_key(arm: str, pass_name: str, scenario: str, cell_id: str, repeat: int) -> str:
     return f"{arm}|{pass_name}|{scenario}|{cell_id}|r{repeat}"
-
-
-def is_done(record: dict[str, Any]) -> bool:
-    status = record.get("status")
-    if status == "ok":
-        return True
-    return status == "error" and record.get("error_kind") in DETERMINISTIC_ERRORS
 
 
 class ResultStore:
@@ -62,8 +54,7 @@ class ResultStore:
                     self.latest[rec["key"]] = rec
 
     def done(self, key: str) -> bool:
-        rec = self.latest.get(key)
-        return rec is not None and is_done(rec)
+        return is_done(self.latest.get(key))
 
     def append(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record, sort_keys=True) + "\n")
@@ -120,4 +111,17 @@ def write_run_file(out_dir: Path, fingerprint: dict[str, Any]) -> None:
             pass
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(merged, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def write_run_outcome(out_dir: Path, outcome: dict[str, Any]) -> None:
+    """Add the result of the latest run (verdict, exit code, counts per state) to run.json."""
+    path = out_dir / RUN_FILE
+    try:
+        doc = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        doc = {}
+    doc["outcome"] = outcome
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
     os.replace(tmp, path)

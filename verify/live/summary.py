@@ -1,15 +1,17 @@
-"""From request records to cells, per-length results, A/B deltas and the gate.
+"""From request records to cells (a cell: one arm, pass group and prompt, over its repeats),
+A/B deltas and the CSV files. The verdict is `gate.py`'s.
 
 Pass groups: `sequential` (the base pass and its repeats: what the gate reads), `shared_prefix`
 and `concurrency` (robustness passes, reported beside it). A cell passes only if every one of its
-requests in the group passed: a flaky answer at temperature 0 is a failure, not a near-pass.
+requests passed: a flaky answer at temperature 0 is a failure, not a near-pass. A cell with a
+request that is not measured (states.py) has that state, never a pass rate of its measured part.
 """
 
 from __future__ import annotations
 
 import csv
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,17 +19,21 @@ from typing import Any
 
 from verify.live.config import BASELINE, SERVER
 from verify.live.scoring import normalize_answer
+from verify.live.states import (
+    ERROR,
+    FAIL,
+    MEASURED,
+    PASS,
+    SKIPPED,
+    STATES,
+    TRUNCATED,
+    UNCHECKED,
+    UNMEASURED,
+    state_of,
+)
 
-GATE_SCENARIOS = ("sweep", "ruler_single")  # "max length passing at all depths" reads these
-RULER_SCORED = ("ruler_multikey", "ruler_multivalue")  # RULER-style mean score per length
-RULER_THRESHOLD = 0.95
-
-
-def gate_scenarios_of(cells: Sequence[CellSummary]) -> tuple[str, ...]:
-    """The needle scenarios when they ran; otherwise every scenario that ran (a --scenarios subset)."""
-    present = {c.scenario for c in cells}
-    chosen = tuple(s for s in GATE_SCENARIOS if s in present)
-    return chosen or tuple(sorted(present - {"shared_prefix"}))
+# A cell that is neither all-pass, failing, nor all-skipped shows its most telling open state.
+_OPEN_ORDER = (ERROR, TRUNCATED, UNCHECKED, UNMEASURED, SKIPPED)
 
 
 def pass_group(pass_name: str) -> str:
@@ -51,15 +57,36 @@ class CellSummary:
         return self.records[0]["cell_id"] if self.records else ""
 
     def measured(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if r.get("status") != "skipped"]
+        """Requests that are measurements (pass / fail): the only ones a rate or a score reads."""
+        return [r for r in self.records if state_of(r) in MEASURED]
+
+    @property
+    def state_counts(self) -> dict[str, int]:
+        got = Counter(state_of(r) for r in self.records)
+        return {s: got[s] for s in STATES if got[s]}
+
+    @property
+    def state(self) -> str:
+        counts = self.state_counts
+        if not counts:
+            return UNMEASURED
+        if FAIL in counts:
+            return FAIL
+        if set(counts) == {PASS}:
+            return PASS
+        return next(s for s in _OPEN_ORDER if s in counts)
 
     @property
     def skipped(self) -> bool:
-        return bool(self.records) and not self.measured()
+        return self.state == SKIPPED
 
     @property
     def skip_reason(self) -> str:
-        return next((str(r.get("reason")) for r in self.records if r.get("status") == "skipped"), "")
+        return next((str(r.get("reason")) for r in self.records if state_of(r) == SKIPPED), "")
+
+    @property
+    def planned(self) -> int:
+        return len(self.records)
 
     @property
     def n(self) -> int:
@@ -67,11 +94,11 @@ class CellSummary:
 
     @property
     def n_passed(self) -> int:
-        return sum(1 for r in self.measured() if r.get("passed"))
+        return sum(1 for r in self.measured() if state_of(r) == PASS)
 
     @property
     def passed(self) -> bool:
-        return self.n > 0 and self.n_passed == self.n
+        return self.state == PASS
 
     @property
     def pass_rate(self) -> float | None:
@@ -84,18 +111,16 @@ class CellSummary:
 
     @property
     def n_errors(self) -> int:
-        return sum(1 for r in self.measured() if r.get("status") == "error")
+        return self.state_counts.get(ERROR, 0)
 
     @property
     def n_truncated(self) -> int:
-        return sum(1 for r in self.measured() if r.get("truncated"))
+        return self.state_counts.get(TRUNCATED, 0)
 
     @property
     def answers_agree(self) -> bool | None:
-        answers = {
-            normalize_answer(str(r.get("answer", ""))) for r in self.measured() if r.get("status") == "ok"
-        }
-        return None if len(self.measured()) < 2 else len(answers) <= 1
+        answers = {normalize_answer(str(r.get("answer", ""))) for r in self.measured()}
+        return None if self.n < 2 else len(answers) <= 1
 
     def mean_of(self, field_name: str) -> float | None:
         vals = [float(r[field_name]) for r in self.measured() if isinstance(r.get(field_name), (int, float))]
@@ -141,63 +166,6 @@ def summarize_cells(records: Iterable[dict[str, Any]]) -> list[CellSummary]:
     )
 
 
-@dataclass(frozen=True)
-class LengthResult:
-    base_length: int
-    n_cells: int
-    n_passed: int
-    n_skipped: int
-    mean_score: float | None
-
-    @property
-    def passed(self) -> bool:
-        return self.n_cells > 0 and self.n_passed == self.n_cells
-
-
-def by_length(
-    cells: Sequence[CellSummary], arm: str, scenarios: Sequence[str], group: str = "sequential"
-) -> list[LengthResult]:
-    buckets: dict[int, list[CellSummary]] = defaultdict(list)
-    for c in cells:
-        if c.arm == arm and c.group == group and c.scenario in scenarios:
-            buckets[c.base_length].append(c)
-    out: list[LengthResult] = []
-    for length in sorted(buckets):
-        cs = buckets[length]
-        measured = [c for c in cs if not c.skipped]
-        scores = [c.mean_score for c in measured if c.mean_score is not None]
-        out.append(
-            LengthResult(
-                base_length=length,
-                n_cells=len(measured),
-                n_passed=sum(1 for c in measured if c.passed),
-                n_skipped=len(cs) - len(measured),
-                mean_score=statistics.fmean(scores) if scores else None,
-            )
-        )
-    return out
-
-
-def max_passing_length(results: Sequence[LengthResult]) -> int:
-    """Largest length L such that every measured length up to L passes at every depth (0: none)."""
-    best = 0
-    for r in results:
-        if r.n_cells == 0:
-            continue  # skipped entirely (beyond the server's context): says nothing either way
-        if not r.passed:
-            break
-        best = r.base_length
-    return best
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    gate: bool  # True: decides the exit code
-
-
 @dataclass
 class ABCell:
     scenario: str
@@ -236,8 +204,8 @@ def ab_cells(cells: Sequence[CellSummary]) -> list[ABCell]:
                 cell_id=cell_id,
                 base_length=s.base_length,
                 depth_pct=s.depth_pct,
-                server_rate=s.pass_rate,
-                baseline_rate=b.pass_rate,
+                server_rate=s.pass_rate if s.state in (PASS, FAIL) else None,
+                baseline_rate=b.pass_rate if b.state in (PASS, FAIL) else None,
                 server_answer=_first_answer(s),
                 baseline_answer=_first_answer(b),
                 prompt_tokens_equal=(not s_pt or not b_pt or s_pt == b_pt),
@@ -248,157 +216,8 @@ def ab_cells(cells: Sequence[CellSummary]) -> list[ABCell]:
 
 def _first_answer(c: CellSummary) -> str:
     for r in c.measured():
-        if r.get("status") == "ok":
-            return normalize_answer(str(r.get("answer", "")))[:80]
-        return f"[{r.get('error_kind')}]"
-    return ""
-
-
-@dataclass
-class Evaluation:
-    cells: list[CellSummary]
-    checks: list[Check]
-    max_len: dict[str, int]  # arm -> max length passing at all depths (gate scenarios)
-    target_length: int
-    ab: list[ABCell]
-    aborted: str | None
-
-    @property
-    def gate_ok(self) -> bool:
-        return self.aborted is None and all(c.ok for c in self.checks if c.gate)
-
-
-def evaluate(records: Sequence[dict[str, Any]], target_length: int, aborted: str | None) -> Evaluation:
-    cells = summarize_cells(records)
-    arms = sorted({c.arm for c in cells}, key=lambda a: (a != SERVER, a))
-    gate_scenarios = gate_scenarios_of(cells)
-    max_len = {arm: max_passing_length(by_length(cells, arm, gate_scenarios)) for arm in arms}
-    checks: list[Check] = []
-    seq_server = [c for c in cells if c.arm == SERVER and c.group == "sequential"]
-
-    controls = [c for c in seq_server if c.records and c.records[0].get("control") and not c.skipped]
-    bad = [c for c in controls if not c.passed]
-    checks.append(
-        Check(
-            "controls pass (<= 2K tokens: the indexer selects every key)",
-            bool(controls) and not bad,
-            f"{len(controls) - len(bad)}/{len(controls)} control cells pass"
-            + (f"; failing: {', '.join(f'{c.scenario} {c.cell_id}' for c in bad[:6])}" if bad else "")
-            + ("" if controls else "; no control cell was measured"),
-            True,
-        )
-    )
-    trunc = [c for c in cells if c.arm == SERVER and c.n_truncated]
-    checks.append(
-        Check(
-            "no prompt truncated (server prompt_tokens match the fitted length)",
-            not trunc,
-            "none"
-            if not trunc
-            else f"{len(trunc)} cells truncated, e.g. {trunc[0].scenario} {trunc[0].cell_id}",
-            True,
-        )
-    )
-    got = max_len.get(SERVER, 0)
-    checks.append(
-        Check(
-            f"max length passing at all depths >= target ({target_length})",
-            got >= target_length > 0,
-            f"server passes every depth up to {got} tokens (scenarios {', '.join(gate_scenarios)})",
-            True,
-        )
-    )
-    errors = [c for c in cells if c.arm == SERVER and c.n_errors]
-    if errors:
-        checks.append(
-            Check(
-                "every request answered",
-                False,
-                f"{len(errors)} cells have failed requests (e.g. {errors[0].scenario} {errors[0].cell_id}: "
-                f"{errors[0].measured()[-1].get('error_kind')}); rerun to retry them",
-                False,
-            )
-        )
-    # Informational robustness checks.
-    disagree = [c for c in seq_server if c.answers_agree is False]
-    if any(c.n > 1 for c in seq_server):
-        checks.append(
-            Check(
-                "repeats agree at temperature 0",
-                not disagree,
-                "all identical"
-                if not disagree
-                else f"{len(disagree)} cells differ, e.g. {disagree[0].scenario} {disagree[0].cell_id}",
-                False,
-            )
-        )
-    for scenario in RULER_SCORED:
-        rows = [
-            r
-            for r in by_length(cells, SERVER, (scenario,))
-            if r.n_cells and r.base_length <= max(target_length, 1)
-        ]
-        if rows:
-            low = [r for r in rows if (r.mean_score or 0) < RULER_THRESHOLD]
-            checks.append(
-                Check(
-                    f"{scenario} score >= {RULER_THRESHOLD:.0%} per length up to the target",
-                    not low,
-                    ", ".join(f"{r.base_length}: {100 * (r.mean_score or 0):.0f}%" for r in rows),
-                    False,
-                )
-            )
-    conc = [c for c in cells if c.arm == SERVER and c.group == "concurrency" and not c.skipped]
-    if conc:
-        seq_by_id = {(c.scenario, c.cell_id): c for c in seq_server}
-        worse = [c for c in conc if not c.passed and seq_by_id.get((c.scenario, c.cell_id), c).passed]
-        checks.append(
-            Check(
-                "concurrency pass no worse than sequential",
-                not worse,
-                f"{sum(c.passed for c in conc)}/{len(conc)} pass"
-                + (f"; worse than sequential: {', '.join(c.cell_id for c in worse[:6])}" if worse else ""),
-                False,
-            )
-        )
-    shared = [c for c in cells if c.arm == SERVER and c.group == "shared_prefix" and not c.skipped]
-    if shared:
-        failing = [c for c in shared if not c.passed]
-        checks.append(
-            Check(
-                "shared-prefix (radix cache) questions all answered",
-                not failing,
-                f"{len(shared) - len(failing)}/{len(shared)} pass",
-                False,
-            )
-        )
-    ab = ab_cells(cells)
-    if ab:
-        ab_worse = [x for x in ab if x.delta is not None and x.delta < 0]
-        mismatch = [x for x in ab if not x.prompt_tokens_equal]
-        checks.append(
-            Check(
-                "A/B: server never worse than baseline on any cell",
-                not ab_worse,
-                "never worse"
-                if not ab_worse
-                else f"worse on {len(ab_worse)} cells, e.g. {ab_worse[0].scenario} {ab_worse[0].cell_id} "
-                f"({ab_worse[0].group})",
-                False,
-            )
-        )
-        if mismatch:
-            checks.append(
-                Check(
-                    "A/B: both servers count the same prompt tokens",
-                    False,
-                    f"{len(mismatch)} cells differ (different tokenizer or chat template?)",
-                    False,
-                )
-            )
-    return Evaluation(
-        cells=cells, checks=checks, max_len=max_len, target_length=target_length, ab=ab, aborted=aborted
-    )
+        return normalize_answer(str(r.get("answer", "")))[:80]
+    return f"[{c.state}]"
 
 
 CSV_FIELDS = (
@@ -410,6 +229,8 @@ CSV_FIELDS = (
     "target_tokens",
     "depth_pct",
     "extra",
+    "state",
+    "states",
     "n",
     "n_passed",
     "pass_rate",
@@ -454,6 +275,8 @@ def write_summary_csv(path: Path, cells: Sequence[CellSummary]) -> None:
                 "target_tokens": c.target_tokens,
                 "depth_pct": c.depth_pct,
                 "extra": c.extra,
+                "state": c.state,
+                "states": " ".join(f"{k}:{v}" for k, v in c.state_counts.items()),
                 "n": c.n,
                 "n_passed": c.n_passed,
                 "pass_rate": c.pass_rate,

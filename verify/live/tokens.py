@@ -5,29 +5,44 @@ the model's chat template exactly as `/v1/chat/completions` does, so the fitted 
 `usage.prompt_tokens`. A constant offset between the two (seen with templates that add a BOS in one
 path only) is measured once at start-up and folded in.
 
-Fallback for servers without that endpoint: a linear model tokens = a + b * chars + c * messages,
-calibrated from `usage.prompt_tokens` of three fixed probe prompts. It is an estimate, so exact
-residues are not promised in that mode and the truncation check uses a looser tolerance.
+Fallback for servers without that endpoint: per layout family (a scenario and variant: prose,
+noise, INI file, JSON tool transcript, UUID registry, multi-turn chat) a linear model
+tokens = a + b * chars, first from two probes built from that family's own layout (its bare prompt
+and a few thousand characters of its haystack), then re-fitted by least squares from the
+`usage.prompt_tokens` of every answered request. Why per family: tokens per character differ about
+twofold between English prose and an INI file of UUIDs, so one prose calibration made config
+prompts ~2x their nominal length. It is an estimate, so exact residues are not promised in that
+mode, and a prompt the server reads more than 5% off its target is not scored (states.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
-from verify.live.corpus import SentenceStream, stable_seed
-from verify.live.layouts import ConversationLayout, Needle, Rendered, TextLayout, _message_text
+from verify.live.client import RequestFailure, classify_status, retry_after_of
+from verify.live.layouts import Layout, Rendered, _message_text
 
 
 class TokenCounter(Protocol):
     mode: str  # "server" (tokenizer endpoint) or "calibrated"
     exact: bool
 
-    async def count(self, rendered: Rendered) -> int: ...
+    async def prepare(self, family: str, layout: Layout) -> None:
+        """Ready to count prompts of this layout family (calibration probes, once per family)."""
+        ...
+
+    async def count(self, rendered: Rendered, family: str) -> int: ...
+
+    def observe(self, family: str, chars: int, prompt_tokens: int) -> None:
+        """The server's own count of a prompt that was sent (calibration re-fits from it)."""
+        ...
 
     def describe(self) -> str: ...
 
@@ -37,6 +52,10 @@ def rendered_chars(rendered: Rendered) -> int:
     if rendered.tools:
         chars += len(json.dumps(rendered.tools))
     return chars
+
+
+class TokenizeUnavailable(Exception):
+    """The endpoint does not work at all here (missing route, no `messages` support, bad answer)."""
 
 
 @dataclass
@@ -60,81 +79,109 @@ class ServerTokenCounter:
         return body
 
     async def raw_count(self, rendered: Rendered) -> int:
-        resp = await self.http.post(self.path, json=self.body(rendered))
+        """The endpoint's count. Transient faults (429, 408, 5xx, timeouts, connection) raise
+        RequestFailure, to be retried like a chat request; an endpoint that does not work raises
+        TokenizeUnavailable."""
+        try:
+            resp = await self.http.post(self.path, json=self.body(rendered))
+        except httpx.TimeoutException as e:
+            raise RequestFailure("timeout", f"tokenize ({self.path}) timed out: {e!r}") from e
+        except httpx.HTTPError as e:
+            raise RequestFailure("connection", f"tokenize ({self.path}) failed: {e!r}") from e
         if resp.status_code != 200:
-            raise TokenizeUnavailable(f"{self.path} answered HTTP {resp.status_code}: {resp.text[:300]}")
-        data = resp.json()
-        count = data.get("count")
+            text = f"{self.path} answered HTTP {resp.status_code}: {resp.text[:300]}"
+            if resp.status_code in (408, 429) or resp.status_code >= 500:
+                kind = classify_status(resp.status_code, resp.text)
+                raise RequestFailure(kind, f"tokenize: {text}", resp.status_code, retry_after_of(resp.headers))
+            raise TokenizeUnavailable(text)
+        try:
+            data = resp.json()
+        except ValueError as e:
+            raise TokenizeUnavailable(f"{self.path} returned no JSON: {resp.text[:300]}") from e
+        count = data.get("count") if isinstance(data, dict) else None
         if not isinstance(count, int):
             raise TokenizeUnavailable(f"{self.path} returned no integer 'count': {str(data)[:300]}")
         return count
 
-    async def count(self, rendered: Rendered) -> int:
+    async def prepare(self, family: str, layout: Layout) -> None:
+        return None
+
+    async def count(self, rendered: Rendered, family: str = "") -> int:
         return await self.raw_count(rendered) + self.offset
+
+    def observe(self, family: str, chars: int, prompt_tokens: int) -> None:
+        return None
 
     def describe(self) -> str:
         off = f", offset {self.offset:+d} vs usage" if self.offset else ""
         return f"server tokenizer ({self.path} with messages + chat template{off})"
 
 
-class TokenizeUnavailable(Exception):
-    pass
+PROBE_CHARS = 6000  # haystack of the larger calibration probe: ~1.5-4K tokens, far below any context
+REFIT_WITHIN = 0.10  # observations further off the model are not used (a truncated prompt would be)
+
+
+def linear_fit(points: list[tuple[int, int]]) -> tuple[float, float]:
+    """Least squares (a, b) of tokens = a + b * chars."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return 0.0, (my / mx if mx else 0.25)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return my - b * mx, b
 
 
 @dataclass
 class CalibratedCounter:
-    a: float
-    b: float
-    c: float
-    observations: list[tuple[int, int, int]]  # (chars, messages, prompt_tokens) of the probes
+    """Per-family token estimates from the server's usage counts (no tokenizer endpoint)."""
+
+    probe: Callable[[Rendered], Awaitable[int]]  # usage.prompt_tokens of a 1-token request
+    points: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # family -> (chars, tokens)
+    probes_sent: int = 0
     mode: str = "calibrated"
     exact: bool = False
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
-    async def count(self, rendered: Rendered) -> int:
-        return round(self.a + self.b * rendered_chars(rendered) + self.c * len(rendered.messages))
+    async def prepare(self, family: str, layout: Layout) -> None:
+        lock = self._locks.setdefault(family, asyncio.Lock())
+        async with lock:  # concurrent workers probe a family once
+            if len({chars for chars, _ in self.points.get(family, [])}) >= 2:
+                return  # probed already, or measured in an earlier run (resume)
+            bare = layout.render(0, 0)
+            per_unit = max(1, rendered_chars(layout.render(1, 0)) - rendered_chars(bare))
+            big = layout.render(max(2, math.ceil(PROBE_CHARS / per_unit)), 0)
+            for r in (bare, big):
+                tokens = await self.probe(r)
+                self.probes_sent += 1
+                self.points.setdefault(family, []).append((rendered_chars(r), tokens))
+
+    def model(self, family: str) -> tuple[float, float]:
+        return linear_fit(self.points[family])
+
+    async def count(self, rendered: Rendered, family: str) -> int:
+        a, b = self.model(family)
+        return round(a + b * rendered_chars(rendered))
+
+    def observe(self, family: str, chars: int, prompt_tokens: int) -> None:
+        points = self.points.setdefault(family, [])
+        if len(points) >= 2:
+            a, b = self.model(family)
+            predicted = a + b * chars
+            if abs(prompt_tokens - predicted) > REFIT_WITHIN * max(1.0, predicted):
+                return
+        if (chars, prompt_tokens) not in points:
+            points.append((chars, prompt_tokens))
 
     def describe(self) -> str:
-        return (
-            f"calibrated from usage.prompt_tokens of {len(self.observations)} probes "
-            f"(tokens ~ {self.a:.1f} + {self.b:.4f}*chars + {self.c:.2f}*messages); no tokenizer endpoint"
+        fams = "; ".join(
+            f"{fam} ~ {a:.1f} + {b:.4f}*chars ({len(pts)} points)"
+            for fam, pts in sorted(self.points.items())
+            if len(pts) >= 2
+            for a, b in [linear_fit(pts)]
         )
-
-
-def probe_prompts() -> list[Rendered]:
-    """Three fixed prompts that separate the constant, per-char and per-message terms."""
-    stream = SentenceStream(stable_seed("calibration"))
-
-    def text(n: int) -> Rendered:
-        return TextLayout(
-            system="You are a careful assistant.",
-            head="Read this text.",
-            question="Reply with OK.",
-            unit=stream.get,
-            needles=(),
-        ).render(n, 0)
-
-    convo = ConversationLayout(
-        system="You are a careful assistant.",
-        opening="Here are some notes.",
-        opening_reply="Noted.",
-        question="Reply with OK.",
-        turn=lambda i: (stream.get(i), "Noted."),
-        needles=(Needle(0.5, ("Short note.", "Noted.")),),
-    ).render(24, 0)
-    return [text(20), text(160), convo]
-
-
-async def calibrate(send: Callable[[Rendered], Awaitable[int]]) -> CalibratedCounter:
-    """Fit a, b, c from the probes' server-reported prompt token counts."""
-    obs: list[tuple[int, int, int]] = []
-    for rendered in probe_prompts():
-        tokens = await send(rendered)
-        obs.append((rendered_chars(rendered), len(rendered.messages), tokens))
-    (x1, m1, t1), (x2, _m2, t2), (x3, m3, t3) = obs
-    # Two single-turn probes (same message count) give the per-char slope and intercept; the
-    # conversation probe then gives the per-message cost.
-    b = (t2 - t1) / max(1, x2 - x1)
-    a0 = t1 - b * x1
-    c = (t3 - a0 - b * x3) / max(1, m3 - m1) if m3 != m1 else 0.0
-    a = a0 - c * m1
-    return CalibratedCounter(a=a, b=b, c=c, observations=obs)
+        return (
+            "calibrated from usage.prompt_tokens per scenario layout (no tokenizer endpoint; "
+            f"{self.probes_sent} probes, re-fitted from every answer): {fams or 'no layout probed'}"
+        )
