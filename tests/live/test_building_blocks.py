@@ -1,20 +1,30 @@
-"""Unit checks of the live tier's pieces that need no server: corpus, layouts, fitter, grid, scoring."""
+"""Unit checks of the live tier's pieces that need no server: corpus, layouts, fitter, grid, scoring,
+states, the retry policy and the calibration model."""
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import random
 import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
+from verify.live.client import RequestFailure, classify_status
+from verify.live.config import RunConfig
 from verify.live.corpus import SentenceStream, ValueFactory, pad_text, stable_seed
 from verify.live.fit import FitError, fit_layout
+from verify.live.gate import default_target
 from verify.live.grid import CONTROL_MAX, GridOptions, base_cells, concurrency_cells, nudged
 from verify.live.layouts import Needle, Rendered, TextLayout
+from verify.live.retry import RetryPolicy, parse_retry_after, with_retries
+from verify.live.runner import request_timeout
 from verify.live.scenarios import SCENARIOS, Cell, build
 from verify.live.scoring import score_answer
-from verify.live.tokens import rendered_chars
+from verify.live.states import TRANSIENT_KINDS, count_states, is_done, judge
+from verify.live.tokens import PromptSize, fit_model, rendered_chars
 
 NEEDLE_SHAPES = re.compile(
     r"\b\d{7}\b|[0-9a-f]{8}-[0-9a-f]{4}-|\b[A-Z]{2,}-\d{4}-[A-Z]{2,}\b|\b[a-z]+-[a-z]+\b|\""
@@ -150,3 +160,144 @@ def test_scoring_exact_match_and_diagnostics() -> None:
     assert s.score == 0.5 and not s.ok
     s = score_answer("9999999", ["1234567"], distractors=["9999999"])
     assert s.distractor_hit and not s.ok
+
+
+# --- states, retries, calibration: the pieces the verdict stands on --------------------------------
+
+
+def _judge(**kw: object) -> tuple[str, str, str]:
+    args: dict[str, object] = {
+        "answer_ok": True,
+        "finish_reason": "stop",
+        "reasoning": "",
+        "thinking": False,
+        "prompt_tokens": 4000,
+        "sent_tokens": 4000,
+        "target_tokens": 4000,
+        "exact_sizes": True,
+        "truncation_tolerance": 0.01,
+    }
+    args.update(kw)
+    return judge(**args)  # type: ignore[arg-type]
+
+
+def test_judge_never_scores_what_it_cannot_trust() -> None:
+    assert _judge()[0] == "pass"
+    assert _judge(answer_ok=False)[0] == "fail"
+    # A right answer on an unchecked or truncated prompt is not a pass; a wrong one not a fail.
+    assert _judge(prompt_tokens=None)[:2] == ("unchecked", "no_usage")
+    assert _judge(prompt_tokens=3000, answer_ok=False)[0] == "truncated"
+    assert _judge(prompt_tokens=3000)[0] == "truncated"
+    assert _judge(prompt_tokens=3970)[0] == "pass"  # within the 1% tolerance
+    assert _judge(prompt_tokens=4300, sent_tokens=4300)[:2] == ("unchecked", "off_target")
+    calibrated = _judge(prompt_tokens=3000, exact_sizes=False)
+    assert calibrated[:2] == ("unchecked", "off_target") and "or the prompt was truncated" in calibrated[2]
+    # Answers that could not be finished are their own problem, not recall failures.
+    assert _judge(answer_ok=False, reasoning="hmm")[:2] == ("error", "reasoning_with_thinking_off")
+    assert _judge(answer_ok=False, reasoning="hmm", thinking=True)[0] == "fail"
+    assert _judge(answer_ok=False, finish_reason="length")[:2] == ("error", "answer_cut")
+    assert _judge(finish_reason="length")[0] == "pass"
+
+
+def test_only_measurements_are_done_on_resume() -> None:
+    assert is_done({"state": "pass"}) and is_done({"state": "fail"})
+    for state in ("error", "truncated", "unchecked", "skipped"):
+        assert not is_done({"state": state})
+    assert not is_done(None)
+    assert count_states([{"state": "pass"}, None, {"state": "error"}]) == {
+        "pass": 1, "fail": 0, "skipped": 0, "truncated": 0, "error": 1, "unchecked": 0, "unmeasured": 1
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "kind"),
+    [
+        (429, "slow down", "rate_limited"),
+        (408, "", "timeout"),
+        (502, "", "unavailable"),
+        (503, "", "unavailable"),
+        (504, "", "unavailable"),
+        (500, "boom", "server_error"),
+        (400, "The input (9000 tokens) is longer than the model's context length (8192 tokens).", "context_too_long"),
+        (400, "unsupported parameter", "bad_request"),
+        (404, "The model 'x' does not exist", "model_not_found"),
+        (404, "Not Found", "bad_request"),
+    ],
+)
+def test_status_classification(status: int, text: str, kind: str) -> None:
+    assert classify_status(status, text) == kind
+    assert (kind in TRANSIENT_KINDS) == (status in (408, 429, 500, 502, 503, 504))
+
+
+def test_retry_policy_backs_off_honours_retry_after_and_is_bounded() -> None:
+    policy = RetryPolicy(retries=3, first_wait_s=1.0, max_wait_s=5.0, timeout_retries=1)
+    limited = RequestFailure("rate_limited", "429")
+    assert [policy.wait_s(limited, done) for done in range(4)] == [1.0, 2.0, 4.0, None]
+    assert RetryPolicy(retries=9, first_wait_s=1.0, max_wait_s=5.0).wait_s(limited, 5) == 5.0  # capped
+    assert policy.wait_s(RequestFailure("rate_limited", "429", 429, 0.25), 0) == 0.25
+    too_long = RequestFailure("unavailable", "503", 503, 30.0)
+    assert policy.wait_s(too_long, 0) is None and "asked to wait 30 s" in too_long.message
+    timeout = RequestFailure("timeout", "slow")
+    assert policy.wait_s(timeout, 0) == 1.0 and policy.wait_s(timeout, 1) is None
+    for kind in ("bad_request", "context_too_long", "model_not_found"):
+        assert policy.wait_s(RequestFailure(kind, ""), 0) is None
+
+
+def test_with_retries_counts_attempts_and_stops_when_told() -> None:
+    calls: list[int] = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RequestFailure("connection", "reset")
+        return "ok"
+
+    policy = RetryPolicy(retries=4, first_wait_s=0.0)
+    assert asyncio.run(with_retries(policy, flaky)) == "ok" and len(calls) == 3
+
+    async def dead(e: RequestFailure) -> bool:
+        return False
+
+    calls.clear()
+    with pytest.raises(RequestFailure) as info:
+        asyncio.run(with_retries(policy, flaky, dead))
+    assert len(calls) == 1 and info.value.attempts == 1
+
+
+def test_retry_after_parsing() -> None:
+    assert parse_retry_after("3") == 3.0 and parse_retry_after("0.25") == 0.25
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    later = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=90), usegmt=True)
+    assert 80 < (parse_retry_after(later) or 0) <= 90
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past: at once
+
+
+def test_calibration_model_recovers_each_cost() -> None:
+    def tokens(size: PromptSize) -> int:
+        return round(7 + 0.3 * (size.chars - size.pad_chars) + 5 * size.messages + 0.2 * size.pad_chars)
+
+    sizes = [PromptSize(400, 0, 2), PromptSize(900, 500, 2), PromptSize(6000, 0, 40), PromptSize(12000, 300, 80)]
+    model = fit_model([(s, tokens(s)) for s in sizes], pad_price=0.2)
+    assert model.a == pytest.approx(7, abs=0.5) and model.b == pytest.approx(0.3, abs=1e-3)
+    assert model.c == pytest.approx(5, abs=0.05)
+    single_turn = fit_model([(PromptSize(c, 0, 2), 10 + c // 4) for c in (100, 4000, 9000)], pad_price=0.3)
+    assert single_turn.c == 0 and single_turn.b == pytest.approx(0.25, abs=1e-3)
+
+
+def test_default_target_is_the_longest_length_whose_cells_all_fit() -> None:
+    def rec(base: int, target: int, scenario: str = "sweep") -> dict[str, object]:
+        return {"arm": "server", "pass": "base", "scenario": scenario, "base_length": base, "target_tokens": target}
+
+    planned = [rec(2048, 2048), rec(4509, 4509), rec(4509, 4512), rec(8000, 8000), rec(8000, 8000, "ruler_single")]
+    assert default_target(planned, ("sweep", "ruler_single"), None) == 8000
+    assert default_target(planned, ("sweep", "ruler_single"), 8000) == 8000
+    assert default_target(planned, ("sweep", "ruler_single"), 4511) == 2048  # a nudge of 4,509 does not fit
+    assert default_target(planned, ("sweep", "ruler_single"), 1000) == 0
+
+
+def test_request_timeout_scales_unless_given() -> None:
+    cfg = RunConfig(out_dir=Path("x"), server_url="x")
+    assert request_timeout(cfg, 1024, 64) == pytest.approx(30 + 2.048 + 6.4)
+    assert request_timeout(cfg, 65536, 64) == pytest.approx(30 + 131.072 + 6.4)
+    assert request_timeout(cfg, 65536, 4096) > 500  # thinking budgets get time to decode
+    assert request_timeout(RunConfig(out_dir=Path("x"), server_url="x", timeout_s=9.0), 65536, 64) == 9.0

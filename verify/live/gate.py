@@ -142,6 +142,7 @@ class Evaluation:
     gate_states: dict[str, int]  # the gate requests per state
     checks: list[Check]
     max_len: dict[str, int]  # arm -> longest length passing at every depth (gate scenarios)
+    max_len_stop: dict[str, str]  # arm -> the length that ends that run, and why ('' for none)
     target_length: int
     target_note: str
     gate_scenarios: tuple[str, ...]
@@ -167,10 +168,11 @@ def with_unmeasured(planned: Sequence[Mapping[str, Any]], latest: Mapping[str, d
     ]
 
 
-def max_passing_length(records: Iterable[Mapping[str, Any]], arm: str, scenarios: Sequence[str]) -> int:
-    """Largest length L such that every length up to L has every planned request measured and passed
-    (0: none). Lengths skipped entirely (beyond the context) say nothing either way; a length with a
-    request missing ends the run just like one that failed, so the figure is never an extrapolation."""
+def passing_run(records: Iterable[Mapping[str, Any]], arm: str, scenarios: Sequence[str]) -> tuple[int, str]:
+    """(L, what stops it): L is the largest length such that every length up to L has every planned
+    request measured and passed (0: none). Lengths skipped entirely (beyond the context) say nothing
+    either way; a length with a request not measured ends the run just like one that failed, so the
+    figure is never an extrapolation, and the second value says which it was ('' when nothing)."""
     by_len: dict[int, list[str]] = defaultdict(list)
     for r in records:
         if r["arm"] == arm and r["pass"] in SEQUENTIAL_PASSES and r["scenario"] in scenarios:
@@ -181,9 +183,15 @@ def max_passing_length(records: Iterable[Mapping[str, Any]], arm: str, scenarios
         if not states:
             continue
         if any(s != PASS for s in states):
-            break
+            if FAIL in states:
+                return best, f"{n:,} fails"
+            return best, f"{n:,} not all measured: {sum(s != PASS for s in states)} of {len(states)} requests"
         best = n
-    return best
+    return best, ""
+
+
+def max_passing_length(records: Iterable[Mapping[str, Any]], arm: str, scenarios: Sequence[str]) -> int:
+    return passing_run(records, arm, scenarios)[0]
 
 
 def _refused_from(records: Iterable[Mapping[str, Any]]) -> int | None:
@@ -267,7 +275,8 @@ def evaluate(
     lengths = [r for r in seq if r["scenario"] in gs and r["base_length"] <= target_length]
     gate = {r["key"]: r for r in controls + lengths}
     gate_records = list(gate.values())
-    max_len = {arm: max_passing_length(records, arm, gs) for arm in arms}
+    runs = {arm: passing_run(records, arm, gs) for arm in arms}
+    max_len = {arm: run[0] for arm, run in runs.items()}
     checks: list[Check] = []
 
     ctrl_fail = [r for r in controls if state_of(r) == FAIL]
@@ -292,7 +301,9 @@ def evaluate(
     len_fail = [r for r in lengths if state_of(r) == FAIL]
     len_missing = [r for r in lengths if not _acceptable(r) and state_of(r) != FAIL]
     detail = (
-        f"server passes every depth up to {max_len.get(SERVER, 0):,} tokens ({' + '.join(gs)}); "
+        f"server passes every depth up to {max_len.get(SERVER, 0):,} tokens ({' + '.join(gs)}"
+        + (f"; then {runs[SERVER][1]}" if runs.get(SERVER, (0, ""))[1] else "")
+        + "); "
         f"target {target_length:,} ({target_note})"
     )
     if len_fail:
@@ -391,6 +402,7 @@ def evaluate(
         gate_states=gate_states,
         checks=checks,
         max_len=max_len,
+        max_len_stop={arm: run[1] for arm, run in runs.items()},
         target_length=target_length,
         target_note=target_note,
         gate_scenarios=gs,

@@ -33,6 +33,9 @@ class Rendered:
     tools: list[dict[str, Any]] | None
     # Where the target needle starts, as a fraction of all message text (approximate token depth).
     needle_frac: float | None
+    # Characters of pad text inserted (lead-in included): a calibrated counter prices them apart,
+    # since catalogue words tokenize unlike the haystack of an INI file or a tool transcript.
+    pad_chars: int = 0
 
 
 class Layout(Protocol):
@@ -92,6 +95,7 @@ class TextLayout:
         head = self.head
         if pad_words or pad_suffix:
             head += f"{self.pad_lead} {_pad(pad_words, pad_suffix)}{self.pad_end}"
+        pad_chars = len(head) - len(self.head)
         items: list[str] = []
         target_item: int | None = None
         placed = place_needles(n_units, self.needles)
@@ -122,7 +126,7 @@ class TextLayout:
         frac = None
         if target_item is not None:
             frac = _needle_frac(messages, 1, len(head) + len(self.haystack_open) + target_offset)
-        return Rendered(messages=messages, tools=None, needle_frac=frac)
+        return Rendered(messages=messages, tools=None, needle_frac=frac, pad_chars=pad_chars)
 
 
 @dataclass
@@ -144,6 +148,7 @@ class ConversationLayout:
         opening = self.opening
         if pad_words or pad_suffix:
             opening += f" Tags for my notes: {_pad(pad_words, pad_suffix)}."
+        pad_chars = len(opening) - len(self.opening)
         messages: list[Message] = [
             {"role": "system", "content": self.system},
             {"role": "user", "content": opening},
@@ -164,7 +169,7 @@ class ConversationLayout:
                 messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
         messages.append({"role": "user", "content": self.question})
         frac = _needle_frac(messages, target_msg, 0) if target_msg is not None else None
-        return Rendered(messages=messages, tools=None, needle_frac=frac)
+        return Rendered(messages=messages, tools=None, needle_frac=frac, pad_chars=pad_chars)
 
 
 @dataclass
@@ -207,6 +212,7 @@ class ToolLayout:
         task = self.task
         if pad_words or pad_suffix:
             task += f" Reference words: {_pad(pad_words, pad_suffix)}."
+        pad_chars = len(task) - len(self.task)
         messages: list[Message] = [
             {"role": "system", "content": self.system},
             {"role": "user", "content": task},
@@ -228,4 +234,4 @@ class ToolLayout:
         messages.append({"role": "assistant", "content": self.closing})
         messages.append({"role": "user", "content": self.request})
         frac = _needle_frac(messages, target_msg, 0) if target_msg is not None else None
-        return Rendered(messages=messages, tools=self.tools, needle_frac=frac)
+        return Rendered(messages=messages, tools=self.tools, needle_frac=frac, pad_chars=pad_chars)

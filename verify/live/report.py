@@ -93,7 +93,11 @@ def render_report(
     out += _verdict_block(ev, command)
     out.append(
         f"Gate target: every depth passes up to **{ev.target_length:,}** tokens ({ev.target_note}). "
-        + "; ".join(f"{labels[a]} passes every depth up to **{ev.max_len.get(a, 0):,}**" for a in arms)
+        + "; ".join(
+            f"{labels[a]} passes every depth up to **{ev.max_len.get(a, 0):,}**"
+            + (f" (then {ev.max_len_stop[a]})" if ev.max_len_stop.get(a) else "")
+            for a in arms
+        )
         + ".\n"
     )
     out += _states_table(ev, arms, labels)

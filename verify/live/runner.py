@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,15 +31,25 @@ from verify.live.config import BASELINE, SERVER, RunConfig
 from verify.live.corpus import CORPUS_VERSION, stable_seed
 from verify.live.fit import Fit, FitCache, FitError, Knobs, fit_layout
 from verify.live.gate import TargetPlan, resolve_target
-from verify.live.grid import GridOptions, base_cells, concurrency_cells, is_control
+from verify.live.grid import CONTROL_MAX, GridOptions, base_cells, concurrency_cells, is_control
 from verify.live.layouts import Rendered
 from verify.live.probe import ServerProfile, SetupError, make_counter, profile_server
 from verify.live.retry import RetryPolicy, with_retries
 from verify.live.scenarios import SHARED_PREFIX_DEPTHS, Cell, PromptSpec, build, max_tokens_for
 from verify.live.scoring import score_answer
-from verify.live.states import ERROR, MEASURED, PASS, SKIPPED, TRANSIENT_KINDS, TRUNCATED, UNCHECKED, judge
+from verify.live.states import (
+    ERROR,
+    MEASURED,
+    PASS,
+    SKIPPED,
+    TRANSIENT_KINDS,
+    TRUNCATED,
+    UNCHECKED,
+    judge,
+    remedy,
+)
 from verify.live.store import ResultStore, check_resume, record_key, write_run_file
-from verify.live.tokens import TokenCounter, rendered_chars
+from verify.live.tokens import PromptSize, TokenCounter, rendered_chars, size_of
 
 # The default per-request timeout grows with the work asked for (a flat 600 s made every hang cost
 # ten minutes): 30 s, plus 2 ms per prompt token (500 tokens/s of prefill, queueing included),
@@ -46,6 +57,7 @@ from verify.live.tokens import TokenCounter, rendered_chars
 TIMEOUT_BASE_S = 30.0
 TIMEOUT_PER_PROMPT_TOKEN_S = 0.002
 TIMEOUT_PER_OUTPUT_TOKEN_S = 0.1
+CALIBRATED_CONTROL_AIM = 0.03  # calibrated sizing aims controls this far below their target
 SIDE_TIMEOUT_S = 60.0  # tokenize, server info and 1-token probes, unless --timeout is given
 
 
@@ -265,12 +277,12 @@ async def make_prompt(state: RunState, item: WorkItem) -> tuple[PromptSpec, Fit]
         knobs = state.prior_knobs.get(key)
         if knobs is not None:
             rendered = canonical.layout.render(knobs.n_units, knobs.pad_words, knobs.pad_suffix)
-            fit = Fit(knobs=knobs, target=cell.target_tokens, tokens=await count(rendered), rendered=rendered, calls=1)
+            fit = Fit(knobs=knobs, target=_fit_target(state, cell), tokens=await count(rendered), rendered=rendered, calls=1)
         else:
             fit = await fit_layout(
                 canonical.layout,
                 count,
-                cell.target_tokens,
+                _fit_target(state, cell),
                 start_units=state.fits.units_hint(cell.scenario, cell.target_tokens),
             )
         state.fits.put(key, fit, cell.scenario)
@@ -278,9 +290,16 @@ async def make_prompt(state: RunState, item: WorkItem) -> tuple[PromptSpec, Fit]
         return spec, fit
     k = fit.knobs
     rendered = spec.layout.render(k.n_units, k.pad_words, k.pad_suffix)
-    return spec, Fit(
-        knobs=k, target=cell.target_tokens, tokens=await count(rendered), rendered=rendered, calls=1
-    )
+    return spec, Fit(knobs=k, target=fit.target, tokens=await count(rendered), rendered=rendered, calls=1)
+
+
+def _fit_target(state: RunState, cell: Cell) -> int:
+    """Exact sizing aims at the target itself. Calibrated sizing lands within a few percent either
+    side, so a control is aimed 3% low: a "2K" prompt read as 2,090 tokens is past the point where
+    the indexer selects every key and would not count as a control (grid.is_control)."""
+    if state.counter.exact or cell.base_length > CONTROL_MAX:
+        return cell.target_tokens
+    return math.floor(cell.target_tokens * (1 - CALIBRATED_CONTROL_AIM))
 
 
 def _base_record(state: RunState, arm: Arm, item: WorkItem) -> dict[str, Any]:
@@ -297,12 +316,14 @@ def _prompt_fields(item: WorkItem, spec: PromptSpec, fit: Fit) -> dict[str, Any]
     frac = fit.rendered.needle_frac
     return {
         "measured_tokens": fit.tokens,
+        "aim_tokens": fit.target,  # the cell's target, or a calibrated control's lower aim
         "fit_exact": fit.exact,
         "fit_calls": fit.calls,
         "fit_key": fit_key(item),
         "knobs": [fit.knobs.n_units, fit.knobs.pad_words, fit.knobs.pad_suffix],
         "family": layout_family(item.cell),
         "prompt_chars": rendered_chars(fit.rendered),
+        "pad_chars": fit.rendered.pad_chars,
         "needle_frac": round(frac, 5) if frac is not None else None,
         "needle_token_pos": round(frac * fit.tokens) if frac is not None else None,
         "prompt_sha256": hashlib.sha256(blob.encode()).hexdigest(),
@@ -337,7 +358,7 @@ def _result_fields(
         thinking=state.cfg.thinking,
         prompt_tokens=pt,
         sent_tokens=fit.tokens,
-        target_tokens=item.cell.target_tokens,
+        target_tokens=fit.target,
         exact_sizes=state.counter.exact,
         truncation_tolerance=state.cfg.token_tolerance,
     )
@@ -392,12 +413,15 @@ async def run_arm(state: RunState, arm: Arm, item: WorkItem, spec: PromptSpec, f
     timeout = request_timeout(cfg, fit.tokens, mt)
     rec = _base_record(state, arm, item) | _prompt_fields(item, spec, fit) | {"timeout_s": round(timeout, 1)}
 
+    sent = 0  # requests sent for this cell, retries included
+
     async def ask(sampling: Sampling) -> ChatResult:
-        return await with_retries(
-            state.policy,
-            lambda: arm.client.chat(arm.profile.model, fit.rendered, sampling, mt, spec.tool_choice, timeout),
-            _keep_trying(arm),
-        )
+        def once() -> Awaitable[ChatResult]:
+            nonlocal sent
+            sent += 1
+            return arm.client.chat(arm.profile.model, fit.rendered, sampling, mt, spec.tool_choice, timeout)
+
+        return await with_retries(state.policy, once, _keep_trying(arm))
 
     try:
         res = await ask(state.sampling)
@@ -424,11 +448,11 @@ async def run_arm(state: RunState, arm: Arm, item: WorkItem, spec: PromptSpec, f
             "dropped by a proxy?); each such request is asked once more without streaming for the count "
             "(--no-stream avoids the second request).",
         )
-    rec |= _result_fields(state, item, spec, fit, res, pt)
+    rec |= _result_fields(state, item, spec, fit, res, pt) | {"attempts": sent}
     state.store.append(rec)
     arm.consecutive_errors = 0
     if arm.name == SERVER and pt is not None and rec["state"] != TRUNCATED:
-        state.counter.observe(rec["family"], rec["prompt_chars"], pt)
+        state.counter.observe(rec["family"], size_of(fit.rendered), pt)
     _warn_about(state, arm, item, rec)
 
 
@@ -502,7 +526,7 @@ async def _on_failure(state: RunState, arm: Arm, item: WorkItem, e: RequestFailu
         _set_abort(
             state,
             f"{arm.consecutive_errors} requests in a row failed on the {arm.client.label} (last: {e.message}). "
-            f"Results so far are in {state.store.path}; fix the server (or raise --timeout) and rerun to resume.",
+            f"Results so far are in {state.store.path}; {remedy(ERROR, e.kind)[1]}.",
         )
 
 
@@ -618,7 +642,8 @@ def _learn_from_earlier_runs(store: ResultStore, counter: TokenCounter) -> dict[
         n_units, pad_words, pad_suffix = rec["knobs"]
         knobs.setdefault(rec["fit_key"], Knobs(int(n_units), int(pad_words), str(pad_suffix)))
         if rec.get("arm") == SERVER and isinstance(rec.get("prompt_tokens"), int) and rec.get("prompt_chars"):
-            counter.observe(str(rec.get("family")), int(rec["prompt_chars"]), int(rec["prompt_tokens"]))
+            size = PromptSize(int(rec["prompt_chars"]), int(rec.get("pad_chars") or 0), int(rec["n_messages"]))
+            counter.observe(str(rec.get("family")), size, int(rec["prompt_tokens"]))
     return knobs
 
 

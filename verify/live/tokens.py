@@ -7,9 +7,12 @@ path only) is measured once at start-up and folded in.
 
 Fallback for servers without that endpoint: per layout family (a scenario and variant: prose,
 noise, INI file, JSON tool transcript, UUID registry, multi-turn chat) a linear model
-tokens = a + b * chars, first from two probes built from that family's own layout (its bare prompt
-and a few thousand characters of its haystack), then re-fitted by least squares from the
-`usage.prompt_tokens` of every answered request. Why per family: tokens per character differ about
+tokens = a + b * chars + c * messages + p * pad_chars, first from three probes built from that
+family's own layout (its bare prompt, the bare prompt with pad words, a few thousand characters of
+its haystack), then re-fitted by least squares from the `usage.prompt_tokens` of every answered
+request. The message term is the chat template's per-message cost, and pad characters (the
+fitter's catalogue words) get their own price from the bare/padded probe pair: folded into one
+per-character cost, either made INI and tool-transcript prompts miss their target by ~4%. Why per family: tokens per character differ about
 twofold between English prose and an INI file of UUIDs, so one prose calibration made config
 prompts ~2x their nominal length. It is an estimate, so exact residues are not promised in that
 mode, and a prompt the server reads more than 5% off its target is not scored (states.py).
@@ -40,7 +43,7 @@ class TokenCounter(Protocol):
 
     async def count(self, rendered: Rendered, family: str) -> int: ...
 
-    def observe(self, family: str, chars: int, prompt_tokens: int) -> None:
+    def observe(self, family: str, size: PromptSize, prompt_tokens: int) -> None:
         """The server's own count of a prompt that was sent (calibration re-fits from it)."""
         ...
 
@@ -109,7 +112,7 @@ class ServerTokenCounter:
     async def count(self, rendered: Rendered, family: str = "") -> int:
         return await self.raw_count(rendered) + self.offset
 
-    def observe(self, family: str, chars: int, prompt_tokens: int) -> None:
+    def observe(self, family: str, size: PromptSize, prompt_tokens: int) -> None:
         return None
 
     def describe(self) -> str:
@@ -117,20 +120,72 @@ class ServerTokenCounter:
         return f"server tokenizer ({self.path} with messages + chat template{off})"
 
 
-PROBE_CHARS = 6000  # haystack of the larger calibration probe: ~1.5-4K tokens, far below any context
+PROBE_CHARS = 6000  # haystack of the largest calibration probe: ~1.5-4K tokens, far below any context
+PROBE_PAD_WORDS = 200  # pad words of the second probe: its price per pad character
 REFIT_WITHIN = 0.10  # observations further off the model are not used (a truncated prompt would be)
 
 
-def linear_fit(points: list[tuple[int, int]]) -> tuple[float, float]:
-    """Least squares (a, b) of tokens = a + b * chars."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    if sxx == 0:
-        return 0.0, (my / mx if mx else 0.25)
-    b = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return my - b * mx, b
+@dataclass(frozen=True)
+class PromptSize:
+    """What a calibrated count is a function of."""
+
+    chars: int
+    pad_chars: int
+    messages: int
+
+
+def size_of(rendered: Rendered) -> PromptSize:
+    return PromptSize(rendered_chars(rendered), rendered.pad_chars, len(rendered.messages))
+
+
+Point = tuple[PromptSize, int]  # a prompt and the server's usage.prompt_tokens for it
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-9:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def least_squares(rows: list[list[float]], ys: list[float]) -> list[float] | None:
+    k = len(rows[0])
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    aty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(k)]
+    return _solve(ata, aty)
+
+
+@dataclass(frozen=True)
+class TokenModel:
+    a: float  # constant (system prompt, template)
+    b: float  # per haystack character
+    c: float  # per message (the template's turn markers)
+    p: float  # per pad character
+
+    def __call__(self, size: PromptSize) -> float:
+        return self.a + self.b * (size.chars - size.pad_chars) + self.c * size.messages + self.p * size.pad_chars
+
+
+def fit_model(points: list[Point], pad_price: float) -> TokenModel:
+    """Least squares over the points with the pad price fixed; the message term only when the
+    message count varies (single-turn layouts always send two)."""
+    ys = [t - pad_price * s.pad_chars for s, t in points]
+    with_messages = len({s.messages for s, _ in points}) > 1
+    rows = [[1.0, float(s.chars - s.pad_chars)] + ([float(s.messages)] if with_messages else []) for s, _ in points]
+    sol = least_squares(rows, ys) if len({r[1] for r in rows}) > 1 else None
+    if sol is None:
+        x = sum(r[1] for r in rows) or 1.0
+        return TokenModel(0.0, sum(ys) / x, 0.0, pad_price)
+    return TokenModel(sol[0], sol[1], sol[2] if with_messages else 0.0, pad_price)
 
 
 @dataclass
@@ -138,7 +193,8 @@ class CalibratedCounter:
     """Per-family token estimates from the server's usage counts (no tokenizer endpoint)."""
 
     probe: Callable[[Rendered], Awaitable[int]]  # usage.prompt_tokens of a 1-token request
-    points: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # family -> (chars, tokens)
+    points: dict[str, list[Point]] = field(default_factory=dict)  # family -> what the server counted
+    pad_price: dict[str, float] = field(default_factory=dict)  # family -> tokens per pad character
     probes_sent: int = 0
     mode: str = "calibrated"
     exact: bool = False
@@ -147,39 +203,41 @@ class CalibratedCounter:
     async def prepare(self, family: str, layout: Layout) -> None:
         lock = self._locks.setdefault(family, asyncio.Lock())
         async with lock:  # concurrent workers probe a family once
-            if len({chars for chars, _ in self.points.get(family, [])}) >= 2:
-                return  # probed already, or measured in an earlier run (resume)
+            if family in self.pad_price:
+                return
             bare = layout.render(0, 0)
             per_unit = max(1, rendered_chars(layout.render(1, 0)) - rendered_chars(bare))
+            padded = layout.render(0, PROBE_PAD_WORDS)
             big = layout.render(max(2, math.ceil(PROBE_CHARS / per_unit)), 0)
-            for r in (bare, big):
-                tokens = await self.probe(r)
+            counted = []
+            for r in (bare, padded, big):
+                counted.append((size_of(r), await self.probe(r)))
                 self.probes_sent += 1
-                self.points.setdefault(family, []).append((rendered_chars(r), tokens))
+            (s0, t0), (s1, t1) = counted[0], counted[1]
+            self.pad_price[family] = (t1 - t0) / max(1, s1.pad_chars - s0.pad_chars)
+            self.points.setdefault(family, []).extend(counted)
 
-    def model(self, family: str) -> tuple[float, float]:
-        return linear_fit(self.points[family])
+    def model(self, family: str) -> TokenModel:
+        return fit_model(self.points[family], self.pad_price[family])
 
     async def count(self, rendered: Rendered, family: str) -> int:
-        a, b = self.model(family)
-        return round(a + b * rendered_chars(rendered))
+        return round(self.model(family)(size_of(rendered)))
 
-    def observe(self, family: str, chars: int, prompt_tokens: int) -> None:
+    def observe(self, family: str, size: PromptSize, prompt_tokens: int) -> None:
         points = self.points.setdefault(family, [])
-        if len(points) >= 2:
-            a, b = self.model(family)
-            predicted = a + b * chars
+        if family in self.pad_price:
+            predicted = self.model(family)(size)
             if abs(prompt_tokens - predicted) > REFIT_WITHIN * max(1.0, predicted):
                 return
-        if (chars, prompt_tokens) not in points:
-            points.append((chars, prompt_tokens))
+        if (size, prompt_tokens) not in points:
+            points.append((size, prompt_tokens))
 
     def describe(self) -> str:
         fams = "; ".join(
-            f"{fam} ~ {a:.1f} + {b:.4f}*chars ({len(pts)} points)"
-            for fam, pts in sorted(self.points.items())
-            if len(pts) >= 2
-            for a, b in [linear_fit(pts)]
+            f"{fam} ~ {m.a:.1f} + {m.b:.4f}*chars + {m.c:.2f}*messages + {m.p:.4f}*pad chars "
+            f"({len(self.points[fam])} points)"
+            for fam in sorted(self.pad_price)
+            for m in [self.model(fam)]
         )
         return (
             "calibrated from usage.prompt_tokens per scenario layout (no tokenizer endpoint; "
