@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import json
 import math
 import re
@@ -224,8 +225,12 @@ def make_app(state: FakeState) -> FastAPI:
             404: f"The model '{cfg.model}-gone' does not exist",
             400: "Invalid request: unsupported parameter 'seed'",
         }.get(status, f"fake fault {status}")
-        headers = {"Retry-After": cfg.retry_after} if cfg.retry_after is not None and status in (429, 503) else {}
-        return JSONResponse({"object": "error", "message": message, "code": status}, status_code=status, headers=headers)
+        headers = (
+            {"Retry-After": cfg.retry_after} if cfg.retry_after is not None and status in (429, 503) else {}
+        )
+        return JSONResponse(
+            {"object": "error", "message": message, "code": status}, status_code=status, headers=headers
+        )
 
     async def tokenize(request: Request) -> JSONResponse:
         if not cfg.tokenize:
@@ -434,6 +439,18 @@ class FakeServer:
             if time.monotonic() > deadline:
                 raise RuntimeError("fake server did not start")
             time.sleep(0.01)
+        return self
+
+    def reset(self, **changes: Any) -> FakeServer:
+        """A fresh fake on the running server: default settings plus `changes`, counters at zero.
+        (The app holds this FakeConfig object, so it is updated in place.) Saves a uvicorn start
+        and stop per case where many short cases run one after another."""
+        fresh = FakeConfig(**changes)
+        for f in dataclasses.fields(FakeConfig):
+            setattr(self.state.cfg, f.name, getattr(fresh, f.name))
+        st = self.state
+        st.log, st.faults, st.arrivals = [], [], []
+        st.served = st.chat_calls = st.tokenize_calls = st.inflight = st.max_inflight = 0
         return self
 
     def stop(self) -> None:

@@ -218,7 +218,11 @@ def test_only_measurements_are_done_on_resume() -> None:
         (503, "", "unavailable"),
         (504, "", "unavailable"),
         (500, "boom", "server_error"),
-        (400, "The input (9000 tokens) is longer than the model's context length (8192 tokens).", "context_too_long"),
+        (
+            400,
+            "The input (9000 tokens) is longer than the model's context length (8192 tokens).",
+            "context_too_long",
+        ),
         (400, "unsupported parameter", "bad_request"),
         (404, "The model 'x' does not exist", "model_not_found"),
         (404, "Not Found", "bad_request"),
@@ -276,7 +280,12 @@ def test_calibration_model_recovers_each_cost() -> None:
     def tokens(size: PromptSize) -> int:
         return round(7 + 0.3 * (size.chars - size.pad_chars) + 5 * size.messages + 0.2 * size.pad_chars)
 
-    sizes = [PromptSize(400, 0, 2), PromptSize(900, 500, 2), PromptSize(6000, 0, 40), PromptSize(12000, 300, 80)]
+    sizes = [
+        PromptSize(400, 0, 2),
+        PromptSize(900, 500, 2),
+        PromptSize(6000, 0, 40),
+        PromptSize(12000, 300, 80),
+    ]
     model = fit_model([(s, tokens(s)) for s in sizes], pad_price=0.2)
     assert model.a == pytest.approx(7, abs=0.5) and model.b == pytest.approx(0.3, abs=1e-3)
     assert model.c == pytest.approx(5, abs=0.05)
@@ -286,9 +295,21 @@ def test_calibration_model_recovers_each_cost() -> None:
 
 def test_default_target_is_the_longest_length_whose_cells_all_fit() -> None:
     def rec(base: int, target: int, scenario: str = "sweep") -> dict[str, object]:
-        return {"arm": "server", "pass": "base", "scenario": scenario, "base_length": base, "target_tokens": target}
+        return {
+            "arm": "server",
+            "pass": "base",
+            "scenario": scenario,
+            "base_length": base,
+            "target_tokens": target,
+        }
 
-    planned = [rec(2048, 2048), rec(4509, 4509), rec(4509, 4512), rec(8000, 8000), rec(8000, 8000, "ruler_single")]
+    planned = [
+        rec(2048, 2048),
+        rec(4509, 4509),
+        rec(4509, 4512),
+        rec(8000, 8000),
+        rec(8000, 8000, "ruler_single"),
+    ]
     assert default_target(planned, ("sweep", "ruler_single"), None) == 8000
     assert default_target(planned, ("sweep", "ruler_single"), 8000) == 8000
     assert default_target(planned, ("sweep", "ruler_single"), 4511) == 2048  # a nudge of 4,509 does not fit

@@ -13,12 +13,13 @@ from __future__ import annotations
 import csv
 import itertools
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.live.fake_server import FakeServer
+from tests.live.fake_server import FakeConfig, FakeServer
 from tests.live.harness import (
     StartFake,
     chats,
@@ -94,7 +95,10 @@ def test_tokenize_faults_without_retries_are_recorded_never_dropped(
     assert server_states(tmp_path) == {"pass": 12 - len(errors), "error": len(errors)}
     report = (tmp_path / "report.md").read_text()
     assert f"> **INCOMPLETE**: {len(errors)} of 12 gate requests have no measurement" in report
-    assert f"> - {len(errors)} error (rate_limited)" in report and "> Rerun to complete: `python -m verify.live" in report
+    assert (
+        f"> - {len(errors)} error (rate_limited)" in report
+        and "> Rerun to complete: `python -m verify.live" in report
+    )
     # The same command completes it: only the errored cells are sized and sent again.
     sent = len(chats(srv))
     srv.cfg.tokenize_error_every = None
@@ -157,16 +161,19 @@ def test_stalled_requests_time_out_and_are_retried(tmp_path: Path, fake_server: 
     assert sorted(r["attempts"] for r in records(tmp_path)) == [1, 1, 1, 2]  # the stalled one, retried
 
 
-def test_stalled_requests_without_retries_are_errors_not_failures(tmp_path: Path, fake_server: StartFake) -> None:
+def test_stalled_requests_without_retries_are_errors_not_failures(
+    tmp_path: Path, fake_server: StartFake
+) -> None:
     srv = fake_server(stall_every=2)
     rc = run_cli(tmp_path, srv, *sweep_args([1024, 2048], (0, 100)), "--timeout", "1", "--retries", "0")
     assert rc == 3 and gate_verdict(tmp_path) == ("INCOMPLETE", 3)
     assert server_states(tmp_path) == {"pass": 2, "error": 2}
     assert {r["error_kind"] for r in records(tmp_path) if r["state"] == "error"} == {"timeout"}
     # Where the passing run stops, and that it stops on missing data, not on a wrong answer.
-    assert "passes every depth up to **0** (then 1,024 not all measured: 1 of 2 requests)" in (
-        tmp_path / "report.md"
-    ).read_text()
+    assert (
+        "passes every depth up to **0** (then 1,024 not all measured: 1 of 2 requests)"
+        in (tmp_path / "report.md").read_text()
+    )
 
 
 def test_bad_request_is_reported_once_and_not_retried(
@@ -204,7 +211,9 @@ def test_default_timeout_scales_with_the_prompt(tmp_path: Path, fake_server: Sta
 # --- former false PASS 4: no usage in the stream, truncation unchecked, cut prompts scored as passes
 
 
-def test_usage_missing_from_the_stream_is_asked_without_streaming(tmp_path: Path, fake_server: StartFake) -> None:
+def test_usage_missing_from_the_stream_is_asked_without_streaming(
+    tmp_path: Path, fake_server: StartFake
+) -> None:
     srv = fake_server(truncate_to=6000, usage_in_stream=False)
     rc = run_cli(tmp_path, srv, *sweep_args([2048, 4000, 8000], DEPTHS))
     assert rc == 3 and gate_verdict(tmp_path) == ("INCOMPLETE", 3)
@@ -244,7 +253,16 @@ CALIBRATED = ["ruler_single", "multiturn_tools", "config_recall", "multiturn_sec
 def test_calibrated_sizing_fits_each_scenario_layout(tmp_path: Path, fake_server: StartFake) -> None:
     # A tokenizer where INI files and UUIDs cost about twice the tokens per character of prose.
     srv = fake_server(tokenize=False, tokenizer="mixed")
-    args = ["--scenarios", ",".join(CALIBRATED), "--lengths", "2048,6000", "--depths", "10,90", "--repeats", "1"]
+    args = [
+        "--scenarios",
+        ",".join(CALIBRATED),
+        "--lengths",
+        "2048,6000",
+        "--depths",
+        "10,90",
+        "--repeats",
+        "1",
+    ]
     rc = run_cli(tmp_path, srv, *args, "--concurrency", "0", "--no-shared-prefix", "--nudge", "none")
     assert rc == 0 and gate_verdict(tmp_path) == ("PASS", 0)
     recs = records(tmp_path)
@@ -291,7 +309,9 @@ def test_calibration_resumes_with_the_same_prompts(tmp_path: Path, fake_server: 
 def test_truncated_cells_have_their_own_state_everywhere(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(truncate_to=3000)
     out = tmp_path / "t"
-    rc = main(["--server", srv.url, "--out", str(out), "--progress", "off", *sweep_args([2048, 4000], (0, 100))])
+    rc = main(
+        ["--server", srv.url, "--out", str(out), "--progress", "off", *sweep_args([2048, 4000], (0, 100))]
+    )
     assert rc == 3 and server_states(out) == {"pass": 2, "truncated": 2}
     rows = list(csv.DictReader((out / "summary.csv").read_text().splitlines()))
     assert {r["state"] for r in rows if r["base_length"] == "4000"} == {"truncated"}
@@ -345,7 +365,9 @@ def test_answers_cut_at_max_tokens_are_not_recall_failures(tmp_path: Path, fake_
 # --- former false PASS 9 & 10: aborted rows "ok", concurrency twin ------------------------------
 
 
-def test_a_run_stopped_after_the_gate_cells_is_still_incomplete(tmp_path: Path, fake_server: StartFake) -> None:
+def test_a_run_stopped_after_the_gate_cells_is_still_incomplete(
+    tmp_path: Path, fake_server: StartFake
+) -> None:
     # Base pass (6 answers + the start-up probe) complete, then the server dies in the concurrency pass.
     srv = fake_server(die_after=7)
     rc = run_cli(
@@ -361,7 +383,9 @@ def _planned_and_latest(
     seq_state: str, conc_state: str
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     grid = GridOptions(scenarios=("sweep",), lengths=(1024, 4509), depths=(50,), nudge=("none",))
-    cfg = RunConfig(out_dir=Path("unused"), server_url="x", grid=grid, repeats=1, concurrency=2, shared_prefix=False)
+    cfg = RunConfig(
+        out_dir=Path("unused"), server_url="x", grid=grid, repeats=1, concurrency=2, shared_prefix=False
+    )
     planned = [planned_record("server", it, cfg.seed) for it in plan_items(cfg, grid)]
     latest: dict[str, dict[str, Any]] = {}
     for p in planned:
@@ -378,7 +402,9 @@ def _planned_and_latest(
     ("seq_state", "conc_state", "status"),
     [("error", "fail", "incomplete"), ("pass", "fail", "fail"), ("fail", "fail", OK), ("pass", "pass", OK)],
 )
-def test_concurrency_failure_needs_a_measured_sequential_twin(seq_state: str, conc_state: str, status: str) -> None:
+def test_concurrency_failure_needs_a_measured_sequential_twin(
+    seq_state: str, conc_state: str, status: str
+) -> None:
     planned, latest_ = _planned_and_latest(seq_state, conc_state)
     ev = evaluate(planned, latest_, TargetPlan(None, None, 4509, ("sweep",)), None)
     (check,) = [c for c in ev.checks if c.name.startswith("concurrency")]
@@ -401,17 +427,27 @@ FAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.fixture(scope="module")
+def shared_fake() -> Iterator[FakeServer]:
+    """One fake for the many short combination cases, reset before each (see FakeServer.reset)."""
+    srv = FakeServer(FakeConfig()).start()
+    yield srv
+    srv.stop()
+
+
 @pytest.mark.parametrize(
     "combo", [c for n in (1, 2) for c in itertools.combinations(sorted(FAULTS), n)], ids="+".join
 )
 def test_no_fault_combination_passes_without_measuring(
-    tmp_path: Path, fake_server: StartFake, combo: tuple[str, ...]
+    tmp_path: Path, shared_fake: FakeServer, combo: tuple[str, ...]
 ) -> None:
     kwargs: dict[str, Any] = {}
     for name in combo:
         kwargs |= FAULTS[name]
-    srv = fake_server(**kwargs)
-    rc = run_cli(tmp_path, srv, *sweep_args([1024, 4000], (0, 100)), "--retries", "0", "--target-length", "4000")
+    srv = shared_fake.reset(**kwargs)
+    rc = run_cli(
+        tmp_path, srv, *sweep_args([1024, 4000], (0, 100)), "--retries", "0", "--target-length", "4000"
+    )
     if rc == 2:  # refused at start-up: nothing measured, nothing claimed
         assert set(combo) & {"refuse", "no_usage"} and not (tmp_path / "report.md").exists()
         return
@@ -424,3 +460,15 @@ def test_no_fault_combination_passes_without_measuring(
     measured_everything = all(r["state"] in MEASURED for r in records(tmp_path))
     if rc == 0:
         assert measured_everything
+
+
+def test_a_server_holding_no_planned_length_is_a_setup_error(
+    tmp_path: Path, fake_server: StartFake, capsys: pytest.CaptureFixture[str]
+) -> None:
+    srv = fake_server(max_model_len=900)
+    assert run_cli(tmp_path, srv, *sweep_args([1024, 2048], (50,))) == 2
+    err = capsys.readouterr().err
+    assert (
+        "no planned length of sweep (1024, 2048) fits the server's context (at most 835 prompt tokens" in err
+    )
+    assert chats(srv) == []

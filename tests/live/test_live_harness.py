@@ -96,7 +96,9 @@ def test_recall_edge_is_reported_where_the_model_has_it(tmp_path: Path, fake_ser
 def test_recall_from_the_start_of_the_prompt(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(recall_last=1500, recall_first=300)
     run_cli(tmp_path, srv, *sweep_args([1024, 4509], (0, 50, 100)))
-    got = {(r["base_length"], r["depth_pct"]): r["passed"] for r in records(tmp_path) if r["state"] in MEASURED}
+    got = {
+        (r["base_length"], r["depth_pct"]): r["passed"] for r in records(tmp_path) if r["state"] in MEASURED
+    }
     assert got == {
         (1024, 0): True,
         (1024, 50): True,
@@ -221,11 +223,19 @@ def test_truncated_prompts_are_flagged(
     # Truncated answers are not scored: not a FAIL (nothing wrong was measured), not a PASS.
     assert rc == 3 and "truncated" in err
     by = {r["base_length"]: r for r in records(tmp_path)}
-    assert by[2048]["state"] == "pass" and by[4000]["state"] == "truncated" and by[4000]["prompt_tokens"] == 3000
+    assert (
+        by[2048]["state"] == "pass" and by[4000]["state"] == "truncated" and by[4000]["prompt_tokens"] == 3000
+    )
     assert server_states(tmp_path) == {"pass": 1, "truncated": 1}
     report = (tmp_path / "report.md").read_text()
-    assert "| info | no prompt truncated (server prompt_tokens match what was sent) | **FAIL** | 1 truncated" in report
-    assert "> - 1 truncated, e.g. sweep code|L4000|d50 r0: the server read 3000 prompt tokens of the 4000 sent" in report
+    assert (
+        "| info | no prompt truncated (server prompt_tokens match what was sent) | **FAIL** | 1 truncated"
+        in report
+    )
+    assert (
+        "> - 1 truncated, e.g. sweep code|L4000|d50 r0: the server read 3000 prompt tokens of the 4000 sent"
+        in report
+    )
     assert "> After the fixes above, rerun: `python -m verify.live --server" in report
 
 
@@ -238,7 +248,10 @@ def test_lengths_beyond_the_server_context_are_skipped_with_a_reason(
     skipped = [r for r in records(tmp_path) if r["state"] == "skipped"]
     assert [r["target_tokens"] for r in skipped] == [6000]
     assert "accepts at most 4935 prompt tokens" in skipped[0]["reason"]
-    assert "Skipped 1 requests: server: the server under test accepts at most 4935" in (tmp_path / "report.md").read_text()
+    assert (
+        "Skipped 1 requests: server: the server under test accepts at most 4935"
+        in (tmp_path / "report.md").read_text()
+    )
     assert server_states(tmp_path) == {"pass": 2, "skipped": 1}
     assert max(e["prompt_tokens"] for e in chats(srv)) == 4509
 
@@ -264,7 +277,10 @@ def test_server_refusing_a_length_at_run_time(tmp_path: Path, fake_server: Start
     assert server_states(tmp_path) == {"pass": 1, "skipped": 1, "error": 1}
     assert outcome(tmp_path)["target_length"] == 2048
     report = (tmp_path / "report.md").read_text()
-    assert "target 2,048 (default: the longest sweep length the server holds; lowered from 8,000 because the server refused a 6,000-token prompt" in report
+    assert (
+        "target 2,048 (default: the longest sweep length the server holds; lowered from 8,000 because the server refused a 6,000-token prompt"
+        in report
+    )
     # With the target asked for explicitly, the refused lengths are missing, not failing.
     assert run_cli(tmp_path, srv, *sweep_args([2048, 6000, 8000], (50,)), "--target-length", "8000") == 3
 

@@ -94,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("plan")
     g.add_argument(
-        "--out", type=Path, default=Path("build/verify/live"), help="results directory (resumable; default build/verify/live)"
+        "--out",
+        type=Path,
+        default=Path("build/verify/live"),
+        help="results directory (resumable; default build/verify/live)",
     )
     g.add_argument(
         "--quick",
@@ -273,7 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     ev = write_outputs(cfg, result, command)
     for c in ev.checks:
-        print(f"[{STATUS_TEXT[c.status].strip('*'):<10}] {'gate' if c.gate else 'info'}: {c.name}: {c.detail}", file=sys.stderr)
+        print(
+            f"[{STATUS_TEXT[c.status].strip('*'):<10}] {'gate' if c.gate else 'info'}: {c.name}: {c.detail}",
+            file=sys.stderr,
+        )
     counts = ", ".join(f"{n} {s}" for s, n in ev.states.get("server", {}).items() if n)
     print(f"verify.live: server requests: {counts}", file=sys.stderr)
     print(f"verify.live: report written to {cfg.out_dir / 'report.md'}", file=sys.stderr)

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verify.live.config import BASELINE, SERVER
+from verify.live.config import SERVER
 from verify.live.grid import CONTROL_MAX
 from verify.live.probe import SetupError
 from verify.live.states import (
@@ -62,7 +62,9 @@ def _sequential_server(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str
     return [r for r in records if r["arm"] == SERVER and r["pass"] in SEQUENTIAL_PASSES]
 
 
-def default_target(planned: Sequence[Mapping[str, Any]], gate_scenarios: Sequence[str], limit: int | None) -> int:
+def default_target(
+    planned: Sequence[Mapping[str, Any]], gate_scenarios: Sequence[str], limit: int | None
+) -> int:
     """The longest sweep length (else gate-scenario length) whose every planned gate cell the server
     can hold: each of them can then be measured, nudges included."""
     seq = [r for r in _sequential_server(planned) if r["scenario"] in gate_scenarios]
@@ -160,10 +162,14 @@ class Evaluation:
         return self.verdict == "PASS"
 
 
-def with_unmeasured(planned: Sequence[Mapping[str, Any]], latest: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def with_unmeasured(
+    planned: Sequence[Mapping[str, Any]], latest: Mapping[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Every planned request once: the record on disk, or a stub in state 'unmeasured'."""
     return [
-        latest[p["key"]] if p["key"] in latest else dict(p) | {"state": UNMEASURED, "passed": False, "ok": False}
+        latest[p["key"]]
+        if p["key"] in latest
+        else dict(p) | {"state": UNMEASURED, "passed": False, "ok": False}
         for p in planned
     ]
 
@@ -203,7 +209,9 @@ def _refused_from(records: Iterable[Mapping[str, Any]]) -> int | None:
     return min(refused) if refused else None
 
 
-def _final_target(target: TargetPlan, planned: Sequence[Mapping[str, Any]], refused: int | None) -> tuple[int, str]:
+def _final_target(
+    target: TargetPlan, planned: Sequence[Mapping[str, Any]], refused: int | None
+) -> tuple[int, str]:
     if target.explicit is not None:
         note = "--target-length"
         if refused is not None and refused <= target.explicit:
@@ -349,8 +357,11 @@ def evaluate(
             Check(
                 "repeats agree at temperature 0",
                 _status(disagree, short),
-                ("all identical" if not disagree else f"{len(disagree)} cells differ, e.g. {disagree[0].scenario} "
-                 f"{disagree[0].cell_id}")
+                (
+                    "all identical"
+                    if not disagree
+                    else f"{len(disagree)} cells differ, e.g. {disagree[0].scenario} {disagree[0].cell_id}"
+                )
                 + (f"; {len(short)} cells have fewer than 2 measured answers" if short else ""),
                 False,
             )
@@ -459,12 +470,16 @@ def _ab_checks(ab: Sequence[ABCell]) -> list[Check]:
     paired = [x for x in ab if x.delta is not None]
     worse = [x for x in paired if (x.delta or 0) < 0]
     unpaired = [x for x in ab if x.delta is None]
-    detail = "never worse" if not worse else (
-        f"worse on {len(worse)} cells, e.g. {worse[0].scenario} {worse[0].cell_id} ({worse[0].group})"
+    detail = (
+        "never worse"
+        if not worse
+        else (f"worse on {len(worse)} cells, e.g. {worse[0].scenario} {worse[0].cell_id} ({worse[0].group})")
     )
     if unpaired:
         detail += f"; {len(unpaired)} cells not measured on both servers"
-    checks = [Check("A/B: server never worse than baseline on any cell", _status(worse, unpaired), detail, False)]
+    checks = [
+        Check("A/B: server never worse than baseline on any cell", _status(worse, unpaired), detail, False)
+    ]
     mismatch = [x for x in ab if not x.prompt_tokens_equal]
     if mismatch:
         checks.append(
@@ -489,12 +504,15 @@ def outcome(ev: Evaluation, command: str) -> dict[str, Any]:
         "states": ev.states,
         "gate_states": ev.gate_states,
         "missing": [
-            {"state": m.state, "kind": m.kind, "count": m.count, "rerun_completes": m.rerun_completes, "remedy": m.remedy}
+            {
+                "state": m.state,
+                "kind": m.kind,
+                "count": m.count,
+                "rerun_completes": m.rerun_completes,
+                "remedy": m.remedy,
+            }
             for m in ev.missing
         ],
         "aborted": ev.aborted,
         "complete_with": command if ev.verdict == "INCOMPLETE" else None,
     }
-
-
-__all__ = ["BASELINE", "Check", "Evaluation", "Missing", "TargetPlan", "evaluate", "resolve_target"]

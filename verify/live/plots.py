@@ -30,7 +30,13 @@ from verify.live.states import (
 from verify.live.summary import CellSummary
 
 # Colours of the states that are not measurements (letters as in the report's tables).
-_COLOURS = {TRUNCATED: "#8e44ad", UNCHECKED: "#f39c12", ERROR: "#5d6d7e", UNMEASURED: "#d5d8dc", SKIPPED: "#ffffff"}
+_COLOURS = {
+    TRUNCATED: "#8e44ad",
+    UNCHECKED: "#f39c12",
+    ERROR: "#5d6d7e",
+    UNMEASURED: "#d5d8dc",
+    SKIPPED: "#ffffff",
+}
 STATE_STYLE = {state: (colour, LETTERS[state]) for state, colour in _COLOURS.items()}
 _STYLE_ORDER = (TRUNCATED, ERROR, UNCHECKED, UNMEASURED, SKIPPED)  # which colour a square gets
 

@@ -237,7 +237,9 @@ async def make_counter(
     async def calibration_probe(rendered: Rendered) -> int:
         tokens = await usage_tokens(rendered)
         if tokens is None:
-            raise RequestFailure("server_error", f"the {arm.label} returned no usage.prompt_tokens for a probe")
+            raise RequestFailure(
+                "server_error", f"the {arm.label} returned no usage.prompt_tokens for a probe"
+            )
         return tokens
 
     for path in ("/v1/tokenize", "/tokenize"):

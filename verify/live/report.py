@@ -103,7 +103,9 @@ def render_report(
     out += _states_table(ev, arms, labels)
     out.append("| | check | result | detail |\n|---|---|---|---|")
     for c in sorted(ev.checks, key=lambda c: not c.gate):
-        out.append(f"| {'gate' if c.gate else 'info'} | {_cell(c.name)} | {STATUS_TEXT[c.status]} | {_cell(c.detail)} |")
+        out.append(
+            f"| {'gate' if c.gate else 'info'} | {_cell(c.name)} | {STATUS_TEXT[c.status]} | {_cell(c.detail)} |"
+        )
     out.append("")
 
     out.append("## Environment\n")
@@ -299,7 +301,11 @@ def _scenario_section(
         out.append("|---|---|---|---|---|---|---|---|")
         for c in open_cells[:12]:
             r = next(r for r in c.records if state_of(r) == c.state)
-            state = c.state + (f" ({r.get('error_kind') or r.get('unchecked_kind')})" if c.state in (ERROR, UNCHECKED) else "")
+            state = c.state + (
+                f" ({r.get('error_kind') or r.get('unchecked_kind')})"
+                if c.state in (ERROR, UNCHECKED)
+                else ""
+            )
             answer = r.get("answer") if "answer" in r else f"[{r.get('error_kind')}] {r.get('error', '')}"
             out.append(
                 f"| {state} | {_cell(c.cell_id)} | {r.get('prompt_tokens', '-')} / {r.get('measured_tokens', '-')} | "
@@ -420,13 +426,19 @@ def _problems_section(ev: Evaluation) -> list[str]:
     for reason, n in sorted(skipped.items()):
         out.append(f"- Skipped {n} requests: {reason}")
     for (arm, kind), items in sorted(errors.items()):
-        out.append(f"- {len(items)} `{kind}` errors on {arm} (not recall failures), e.g. {items[0]}. "
-                   f"{remedy(ERROR, kind)[1]}")
+        out.append(
+            f"- {len(items)} `{kind}` errors on {arm} (not recall failures), e.g. {items[0]}. "
+            f"{remedy(ERROR, kind)[1]}"
+        )
     for arm, items in sorted(trunc.items()):
-        out.append(f"- {len(items)} truncated prompts on {arm} (not scored), e.g. {items[0]}. {remedy(TRUNCATED, '')[1]}")
+        out.append(
+            f"- {len(items)} truncated prompts on {arm} (not scored), e.g. {items[0]}. {remedy(TRUNCATED, '')[1]}"
+        )
     for (arm, kind), items in sorted(unchecked.items()):
-        out.append(f"- {len(items)} unchecked requests on {arm} ({kind}; not scored), e.g. {items[0]}. "
-                   f"{remedy(UNCHECKED, kind)[1]}")
+        out.append(
+            f"- {len(items)} unchecked requests on {arm} ({kind}; not scored), e.g. {items[0]}. "
+            f"{remedy(UNCHECKED, kind)[1]}"
+        )
     for arm, n in sorted(reasoning.items()):
         out.append(
             f"- {n} answers on {arm} came with reasoning content although thinking was off: reasoning "

@@ -64,7 +64,10 @@ SIDE_TIMEOUT_S = 60.0  # tokenize, server info and 1-token probes, unless --time
 def request_timeout(cfg: RunConfig, prompt_tokens: int, max_tokens: int) -> float:
     if cfg.timeout_s is not None:
         return cfg.timeout_s
-    return TIMEOUT_BASE_S + TIMEOUT_PER_PROMPT_TOKEN_S * prompt_tokens + TIMEOUT_PER_OUTPUT_TOKEN_S * max_tokens
+    return (
+        TIMEOUT_BASE_S + TIMEOUT_PER_PROMPT_TOKEN_S * prompt_tokens + TIMEOUT_PER_OUTPUT_TOKEN_S * max_tokens
+    )
+
 
 PASSES = ("base", "repeat", "shared_prefix", "concurrency")
 
@@ -277,7 +280,13 @@ async def make_prompt(state: RunState, item: WorkItem) -> tuple[PromptSpec, Fit]
         knobs = state.prior_knobs.get(key)
         if knobs is not None:
             rendered = canonical.layout.render(knobs.n_units, knobs.pad_words, knobs.pad_suffix)
-            fit = Fit(knobs=knobs, target=_fit_target(state, cell), tokens=await count(rendered), rendered=rendered, calls=1)
+            fit = Fit(
+                knobs=knobs,
+                target=_fit_target(state, cell),
+                tokens=await count(rendered),
+                rendered=rendered,
+                calls=1,
+            )
         else:
             fit = await fit_layout(
                 canonical.layout,
@@ -642,7 +651,9 @@ def _learn_from_earlier_runs(store: ResultStore, counter: TokenCounter) -> dict[
         n_units, pad_words, pad_suffix = rec["knobs"]
         knobs.setdefault(rec["fit_key"], Knobs(int(n_units), int(pad_words), str(pad_suffix)))
         if rec.get("arm") == SERVER and isinstance(rec.get("prompt_tokens"), int) and rec.get("prompt_chars"):
-            size = PromptSize(int(rec["prompt_chars"]), int(rec.get("pad_chars") or 0), int(rec["n_messages"]))
+            size = PromptSize(
+                int(rec["prompt_chars"]), int(rec.get("pad_chars") or 0), int(rec["n_messages"])
+            )
             counter.observe(str(rec.get("family")), size, int(rec["prompt_tokens"]))
     return knobs
 

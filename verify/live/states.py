@@ -139,7 +139,10 @@ def remedy(state: str, kind: str) -> tuple[bool, str]:
         }.get(kind, "")
         return True, f"still failing after the retries: rerun the same command to retry{extra}"
     if state == ERROR and kind == "context_too_long":
-        return False, "lower --target-length below the refused length, or relaunch with a larger --context-length"
+        return (
+            False,
+            "lower --target-length below the refused length, or relaunch with a larger --context-length",
+        )
     if state == SKIPPED and kind == "beyond_context":
         return False, "lower --target-length, or relaunch SGLang with a larger --context-length"
     if state == ERROR and kind == "bad_request":

@@ -95,7 +95,9 @@ class ServerTokenCounter:
             text = f"{self.path} answered HTTP {resp.status_code}: {resp.text[:300]}"
             if resp.status_code in (408, 429) or resp.status_code >= 500:
                 kind = classify_status(resp.status_code, resp.text)
-                raise RequestFailure(kind, f"tokenize: {text}", resp.status_code, retry_after_of(resp.headers))
+                raise RequestFailure(
+                    kind, f"tokenize: {text}", resp.status_code, retry_after_of(resp.headers)
+                )
             raise TokenizeUnavailable(text)
         try:
             data = resp.json()
@@ -172,7 +174,9 @@ class TokenModel:
     p: float  # per pad character
 
     def __call__(self, size: PromptSize) -> float:
-        return self.a + self.b * (size.chars - size.pad_chars) + self.c * size.messages + self.p * size.pad_chars
+        return (
+            self.a + self.b * (size.chars - size.pad_chars) + self.c * size.messages + self.p * size.pad_chars
+        )
 
 
 def fit_model(points: list[Point], pad_price: float) -> TokenModel:
@@ -180,7 +184,10 @@ def fit_model(points: list[Point], pad_price: float) -> TokenModel:
     message count varies (single-turn layouts always send two)."""
     ys = [t - pad_price * s.pad_chars for s, t in points]
     with_messages = len({s.messages for s, _ in points}) > 1
-    rows = [[1.0, float(s.chars - s.pad_chars)] + ([float(s.messages)] if with_messages else []) for s, _ in points]
+    rows = [
+        [1.0, float(s.chars - s.pad_chars)] + ([float(s.messages)] if with_messages else [])
+        for s, _ in points
+    ]
     sol = least_squares(rows, ys) if len({r[1] for r in rows}) > 1 else None
     if sol is None:
         x = sum(r[1] for r in rows) or 1.0
