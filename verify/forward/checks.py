@@ -1,0 +1,225 @@
+"""What the forward tier asserts after each forward: the keys in the pool and the selected top-k.
+
+Keys: the pool's bytes for a request, decoded in its format, against the one-shot fp32
+reference compression of the request's whole sequence rounded once to that format (bf16: within
+1 ulp, or the fp32 noise floor of tiny values; fp8: within fp8 rounding of the value at the
+stored scale, scale = absmax / 448 to 1e-4). The first wrong key is reported with its page, so a
+fault that leaves the first page right and the rest wrong shows as such.
+
+Selection: each row's selected pool slots (``c4_sparse_page_indices``, what the sparse attention
+reads), mapped back to key indices through the request's pages, against
+- the same-input oracle: fp64 scores over the keys as stored and the q the production kernel
+  produced (its fp8 codes times its folded weights). The selection must be the oracle's top-k up
+  to ties within fp32 accumulation error (``TIE_REL`` of the row's largest |score|): any other
+  key is a fault in the scorer, the top-k, the page table or the transport;
+- the exact oracle: fp64 scores over the fp32 reference keys and the unquantized q. Its
+  tie-aware recall is what precision costs; reported, gated only against gross loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from verify.parity.store_reference import compare_bf16
+
+from .reference import scores64
+
+FP8_MAX = 448.0
+TIE_REL = 2e-5
+# Exact-oracle recall below this means keys or queries unrelated to the reference, not precision
+# (tier 2 measures precision at ~0.99 for fp8 and ~0.999 for bf16 on structured keys).
+GROSS_RECALL = 0.9
+
+
+@dataclass
+class KeyCheck:
+    keys: int
+    ok: bool
+    detail: str
+    first_bad_key: int | None = None
+    first_bad_page: int | None = None
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+def decode_pool_keys(pool_buf: torch.Tensor, slots: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stored keys of ``slots`` from the 2-D uint8 indexer buffer: bf16 ``[n,128]`` (and None),
+    or fp8 dequantized fp32 ``[n,128]`` and the fp32 scales."""
+    slots = slots.long().to(pool_buf.device)
+    page, off = slots // 64, slots % 64
+    if fmt == "bf16":
+        rows = pool_buf.view(pool_buf.shape[0], 64, 256)[page, off]
+        return rows.contiguous().view(torch.bfloat16), None
+    vals = pool_buf[:, : 64 * 128].reshape(pool_buf.shape[0], 64, 128)[page, off]
+    scale = pool_buf[:, 64 * 128 :].reshape(pool_buf.shape[0], 64, 4)[page, off].contiguous().view(torch.float32)
+    codes = vals.contiguous().view(torch.float8_e4m3fn).float()
+    return codes * scale, scale.squeeze(-1)
+
+
+def fp8_half_ulp(y: torch.Tensor) -> torch.Tensor:
+    """Half the e4m3 spacing at |y| (subnormal spacing 2^-9 below 2^-6)."""
+    a = y.abs().clamp(min=2.0**-6)
+    return torch.exp2(torch.floor(torch.log2(a)) - 3) / 2
+
+
+def check_keys(pool_buf: torch.Tensor, slots: torch.Tensor, ref: torch.Tensor, fmt: str) -> KeyCheck:
+    n = int(ref.shape[0])
+    if n == 0:
+        return KeyCheck(0, True, "no complete window yet")
+    stored, scale = decode_pool_keys(pool_buf, slots, fmt)
+    ref = ref.to(stored.device).float()
+    if fmt == "bf16":
+        cmp = compare_bf16(stored, ref)
+        bad_rows = torch.zeros(n, dtype=torch.bool, device=stored.device)
+        if not cmp.ok:
+            from verify.parity.store_reference import DEFAULT_NOISE_REL, bf16_ulp_distance
+
+            ulp = bf16_ulp_distance(stored, ref.to(torch.bfloat16))
+            near = (stored.float() - ref).abs() <= DEFAULT_NOISE_REL * ref.abs().amax(1, keepdim=True)
+            bad_rows = ((ulp > 1) & ~near).any(1)
+        detail = (
+            f"{cmp.exact}/{cmp.elements} values bit-exact vs one RNE rounding of the fp32 reference, "
+            f"{cmp.failures} beyond 1 ulp / noise floor (max {cmp.max_ulp} ulp)"
+        )
+        numbers: dict[str, Any] = cmp.to_json()
+    else:
+        assert scale is not None
+        amax = ref.abs().amax(1)
+        exp_scale = amax / FP8_MAX
+        scale_ok = (scale - exp_scale).abs() <= 1e-4 * exp_scale.abs() + 1e-30
+        bound = fp8_half_ulp(ref / exp_scale.unsqueeze(1)) * exp_scale.unsqueeze(1) * 1.01 + 1e-5 * amax.unsqueeze(1)
+        within = (stored - ref).abs() <= bound
+        bad_rows = ~(within.all(1) & scale_ok)
+        detail = (
+            f"{int(within.sum())}/{within.numel()} values within fp8 rounding of the fp32 reference, "
+            f"{int(scale_ok.sum())}/{n} scales = absmax/448"
+        )
+        numbers = {"values_within": float(within.float().mean()), "scales_ok": float(scale_ok.float().mean())}
+    bad = torch.nonzero(bad_rows).flatten()
+    first = int(bad[0]) if bad.numel() else None
+    numbers["bad_keys"] = int(bad.numel())
+    if first is not None:
+        numbers["bad_keys_in_first_page"] = int((bad < 64).sum())
+        detail += f"; {bad.numel()} wrong keys, first at key {first} (request page {first // 64})"
+    return KeyCheck(n, first is None, detail, first, None if first is None else first // 64, numbers)
+
+
+@dataclass
+class SelectionCheck:
+    rows: int
+    ok: bool
+    detail: str
+    recall_same_input: float
+    recall_exact: float
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+def tie_aware_recall(scores: torch.Tensor, chosen: torch.Tensor, k: int, tie_abs: torch.Tensor) -> torch.Tensor:
+    """Per row: fraction of ``chosen`` (key indices, -1 = none) that are in the top-k of
+    ``scores`` allowing ties within ``tie_abs``; rows with <= k keys must choose them all."""
+    r, n = scores.shape
+    chosen = chosen.to(scores.device)
+    kk = min(k, n)
+    if kk == 0:
+        return torch.ones(r, dtype=torch.float64, device=scores.device)
+    kth = scores.topk(kk, dim=1).values[:, -1:]
+    acceptable = scores >= kth - tie_abs.unsqueeze(1)
+    valid = chosen >= 0
+    hit = acceptable.gather(1, chosen.clamp(min=0)) & valid
+    count = valid.sum(1).clamp(min=1)
+    out = hit.sum(1).double() / count
+    # a row that selected fewer keys than it must is wrong whatever it selected
+    short = valid.sum(1) < kk
+    return torch.where(short, out * valid.sum(1) / kk, out)
+
+
+def check_selection(
+    chosen: torch.Tensor,
+    row_lens: torch.Tensor,
+    q_prod: torch.Tensor,
+    w_prod: torch.Tensor,
+    stored_keys: torch.Tensor,
+    q_exact: torch.Tensor,
+    w_exact: torch.Tensor,
+    ref_keys: torch.Tensor,
+    k: int,
+    prod_logits: torch.Tensor | None = None,
+) -> SelectionCheck:
+    """``chosen`` ``[R, k]`` key indices (-1 none) for rows seeing ``row_lens`` keys of one
+    request; q/w ``[R, H, 128]`` / ``[R, H]``; keys ``[K, 128]`` (K >= max row_lens)."""
+    rows = int(chosen.shape[0])
+    rec_same, rec_exact = [], []
+    wrong_rows = []
+    # With the logits the top-k read (``prod_logits``), a wrong row is attributed: the scorer
+    # (its logits differ from the same-input oracle) or the top-k (it did not pick the top of
+    # its own input).
+    scorer_diff: list[float] = []
+    scorer_finite = True
+    topk_own: list[float] = []
+    gaps: list[float] = []
+    for lens in sorted(set(row_lens.tolist())):
+        idx = torch.nonzero(row_lens == lens).flatten()
+        ch = chosen[idx].long()
+        if lens == 0:
+            ok = bool((ch < 0).all())
+            rec_same.append(torch.full((idx.numel(),), 1.0 if ok else 0.0, dtype=torch.float64))
+            rec_exact.append(rec_same[-1])
+            if not ok:
+                wrong_rows += idx.tolist()
+            continue
+        beyond = (ch >= lens).any(1)  # a key past the row's length, or a slot of another request
+        if bool(beyond.any()):
+            wrong_rows += idx[beyond.cpu()].tolist()
+        ch_valid = torch.where(ch < lens, ch, torch.full_like(ch, -1))
+        s_same = scores64(q_prod[idx], w_prod[idx], stored_keys[:lens])
+        r_same = tie_aware_recall(s_same, ch_valid, k, s_same.abs().amax(1) * TIE_REL)
+        s_ex = scores64(q_exact[idx], w_exact[idx], ref_keys[:lens])
+        r_ex = tie_aware_recall(s_ex, ch_valid, k, s_ex.abs().amax(1) * TIE_REL)
+        rec_same.append(r_same.cpu())
+        rec_exact.append(r_ex.cpu())
+        bad = (r_same < 1.0).cpu()
+        wrong_rows += idx[bad].tolist()
+        if bool(bad.any()):
+            kth = s_same.topk(min(k, lens), dim=1).values[:, -1]
+            picked = s_same.gather(1, ch_valid.to(s_same.device).clamp(min=0))
+            picked = torch.where(ch_valid.to(s_same.device) >= 0, picked, torch.full_like(picked, float("inf")))
+            gap = (kth - picked.min(1).values) / s_same.abs().amax(1).clamp(min=1e-300)
+            gaps += gap[bad.to(gap.device)].tolist()
+        if prod_logits is not None:
+            from verify.recall.scoring import calc_diff
+
+            lg = prod_logits[idx.to(prod_logits.device)][:, :lens].double()
+            scorer_finite = scorer_finite and bool(torch.isfinite(lg).all())
+            scorer_diff.append(float(calc_diff(lg.nan_to_num(0.0), s_same.to(lg.device))))
+            own = tie_aware_recall(lg.nan_to_num(float("-inf")), ch_valid, k, lg.abs().nan_to_num(0).amax(1) * 1e-6)
+            topk_own.append(float(own.min()))
+    same = torch.cat(rec_same) if rec_same else torch.ones(0, dtype=torch.float64)
+    exact = torch.cat(rec_exact) if rec_exact else torch.ones(0, dtype=torch.float64)
+    r_same_mean = float(same.mean()) if same.numel() else 1.0
+    r_exact_mean = float(exact.mean()) if exact.numel() else 1.0
+    wrong = sorted(set(wrong_rows))
+    ok = not wrong and r_exact_mean >= GROSS_RECALL
+    detail = (
+        f"{rows} rows: selection = same-input fp64 oracle's top-{k} on {rows - len(wrong)}/{rows} rows "
+        f"(ties within {TIE_REL:g} of the row max); exact-oracle tie-aware recall {r_exact_mean:.4f}"
+    )
+    numbers: dict[str, Any] = {"wrong_rows": wrong[:50],
+                               "min_recall_same_input": float(same.min()) if same.numel() else 1.0,
+                               "min_recall_exact": float(exact.min()) if exact.numel() else 1.0}
+    if prod_logits is not None:
+        numbers |= {"scorer_calc_diff_max": max(scorer_diff, default=0.0), "scorer_finite": scorer_finite,
+                    "topk_recall_on_its_logits_min": min(topk_own, default=1.0)}
+    if wrong:
+        detail += f"; WRONG rows (first {wrong[:5]}): min same-input recall {float(same.min()):.4f}"
+        numbers["worst_gap_below_kth_rel"] = max(gaps, default=0.0)
+        detail += f", a selected key up to {numbers['worst_gap_below_kth_rel']:.2e} x row max below the k-th"
+        if prod_logits is not None:
+            blame = []
+            if numbers["scorer_calc_diff_max"] > 5e-6 or not scorer_finite:
+                blame.append(f"scorer (calc_diff {numbers['scorer_calc_diff_max']:.1e} vs the same-input oracle)")
+            if numbers["topk_recall_on_its_logits_min"] < 1.0:
+                blame.append(f"top-k (recall {numbers['topk_recall_on_its_logits_min']:.4f} on its own input)")
+            detail += "; " + (" and ".join(blame) if blame else "scorer within 5e-6 and top-k exact on its input: a near-tie")
+    return SelectionCheck(rows, ok, detail, r_same_mean, r_exact_mean, numbers)

@@ -1,0 +1,222 @@
+"""``python -m verify.forward``: the forward tier (``nox -s verify_recall -- --tiers forward``).
+
+Examples::
+
+    # any machine: which function upstream's C4 indexer calls on each GPU (the dispatch probe)
+    python -m verify.forward --probe-only --out build/verify/forward
+
+    # a CUDA GPU: the probe, then every scenario for the local GPU's profile and for sm120's dispatch
+    python -m verify.forward --platform auto sm120 --out build/verify/forward
+
+Exit status: 0 when every step passed, 1 when one failed, 2 on errors (incomplete: a scenario
+that could not run is never a pass), 3 when the scenarios need a GPU this machine lacks (the probe
+ran and is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verify import platform as P
+
+from . import probe as probe_mod
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m verify.forward", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--platform", nargs="+", default=["auto"],
+                    help="profiles whose dispatch the scenarios run under: auto (the local GPU's), sm90, sm100, sm120, hip")
+    ap.add_argument("--formats", nargs="+", choices=("bf16", "fp8"), default=["bf16", "fp8"])
+    ap.add_argument("--compressors", nargs="+", choices=("fused", "unfused"), default=["fused", "unfused"])
+    ap.add_argument("--no-mtp", action="store_true", help="skip the target-verify (MTP) arms")
+    ap.add_argument("--quick", action="store_true", help="short lengths (no 131K request)")
+    ap.add_argument("--probe-only", action="store_true")
+    ap.add_argument("--baseline-tree", type=Path, default=None,
+                    help="an unpatched upstream python/ dir: the flag-off arm must match it bit for bit")
+    ap.add_argument("--worker-baseline", type=Path, default=None, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def run_probe(out: Path) -> list[dict[str, Any]]:
+    rows: list[probe_mod.Dispatch] = []
+    errors: list[str] = []
+    for profile in P.PROFILE_NAMES:
+        for flag in (False, True):
+            try:
+                rows += probe_mod.probe(profile, flag)
+            except Exception as exc:  # noqa: BLE001 -- recorded: a profile that cannot be probed is incomplete
+                errors.append(f"{profile} flag={'on' if flag else 'off'}: {P.short_error(exc)}")
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"dispatch": probe_mod.as_dicts(rows), "errors": errors}
+    (out / "dispatch.json").write_text(json.dumps(data, indent=1))
+    (out / "dispatch.md").write_text(
+        "# Which function upstream's C4 indexer calls, per platform (dispatch probe)\n\n"
+        + probe_mod.table(rows) + "\n\nReplacements: " + "; ".join(rows[0].replaced if rows else []) + "\n"
+        + ("\nErrors:\n" + "\n".join(f"- {e}" for e in errors) + "\n" if errors else "")
+    )
+    print(probe_mod.table(rows))
+    for e in errors:
+        print("probe error:", e)
+    return data["dispatch"]
+
+
+def _baseline_worker(profile: str, quick: bool, out: Path) -> int:
+    """Runs under the unpatched tree: the flag-off fused arm's selections and pool digests."""
+    from .stand_ins import install_deep_gemm_stand_in
+    from .tier import QUICK, ArmSpec, Sizes, run_arm
+
+    install_deep_gemm_stand_in()  # the unpatched tree imports DeepGEMM at module level as well
+    with P.applied(profile) as applied:
+        arm = run_arm(applied, ArmSpec("fp8", "fused"), QUICK if quick else Sizes())
+    torch.save({"selections": arm.selections, "pool_digest": arm.pool_digest,
+                "errors": [r.detail for r in arm.results if r.status == "error"]}, out)
+    return 0
+
+
+def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: Path) -> dict[str, Any]:
+    from verify.parity.store_baseline import worker_env
+
+    path = out / f"baseline-{profile}.pt"
+    cmd = [sys.executable, "-m", "verify.forward", "--out", str(out), "--platform", profile,
+           "--worker-baseline", str(path)] + (["--quick"] if quick else [])
+    env = worker_env(tree, jit_cache=out / "baseline-jit-cache")
+    log = out / f"baseline-{profile}.log"
+    with open(log, "w") as handle:
+        proc = subprocess.run(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, check=False, timeout=1800)
+    if proc.returncode != 0 or not path.exists():
+        return {"status": "error", "detail": f"baseline worker exited {proc.returncode}; see {log.name}"}
+    base = torch.load(path, weights_only=False)
+    if base["errors"]:
+        return {"status": "error", "detail": f"baseline run errors: {base['errors'][:1]}"}
+    diffs = [k for k, v in arm.selections.items() if k not in base["selections"] or not torch.equal(v, base["selections"][k])]
+    pool = [k for k, v in arm.pool_digest.items() if base["pool_digest"].get(k) != v]
+    missing = [k for k in base["selections"] if k not in arm.selections]
+    ok = not diffs and not pool and not missing
+    same = (f"flag off: all {len(arm.selections)} steps select the same slots and leave the same pool "
+            "bytes as the unpatched tree")
+    differs = f"differs from the unpatched tree: selections {diffs[:5]}, pool bytes {pool[:5]}, missing {missing[:5]}"
+    return {"status": "pass" if ok else "fail", "steps": len(arm.selections), "detail": same if ok else differs}
+
+
+def summary_markdown(results: list[dict[str, Any]], arms_meta: list[dict[str, Any]], baseline: dict[str, Any]) -> str:
+    lines = ["# Forward tier: upstream's C4 indexer forward, as the server runs it", ""]
+    for meta in arms_meta:
+        lines.append(f"- **{meta['profile']} / {meta['arm']}**: {meta['steps']} steps, {meta['failed']} failed, "
+                     f"{meta['errors']} errors; scorer {meta['scorers']}, top-k {meta['topks']}")
+    lines += ["", ("| profile | arm | scenario | run | steps | pass | same-input agreement (min) | exact recall (mean) | "
+              "scorer | top-k | peak MiB (max) | logits MiB (max) |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["profile"], r["arm"], r["scenario"], r["run"]), []).append(r)
+    for (prof, arm, scen, run), rows in groups.items():
+        sel = [s for r in rows for s in r["selection"]]
+        same = min((s["numbers"]["min_recall_same_input"] for s in sel), default=float("nan"))
+        exact = sum(s["recall_exact"] for s in sel) / len(sel) if sel else float("nan")
+        peak = max((r["peak_mb"] or 0 for r in rows), default=0)
+        logits = max((r["logits_mb"] or 0 for r in rows), default=0)
+        scorer = sorted({x for r in rows for x in r["scorer"]})
+        topk = sorted({x for r in rows for x in r["topk"]})
+        passed = sum(r["status"] == "pass" for r in rows)
+        lines.append(f"| {prof} | {arm} | {scen} | {run} | {len(rows)} | {passed} | {same:.4f} | {exact:.4f} | "
+                     f"{', '.join(scorer)} | {', '.join(topk)} | {peak:.1f} | {logits:.1f} |")
+    bad = [r for r in results if r["status"] != "pass"]
+    lines += ["", "## Flag off vs the unpatched tree", ""]
+    for prof, b in baseline.items():
+        lines.append(f"- {prof}: {b['status']}: {b['detail']}")
+    if not baseline:
+        lines.append("- not run (no --baseline-tree)")
+    lines += ["", "## Failures and errors", ""]
+    lines += [f"- {r['profile']} {r['arm']} {r['scenario']} {r['run']} {r['label']}: {r['status']}: {r['detail'][:600]}"
+              for r in bad] or ["- none"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker_baseline is not None:
+        return _baseline_worker(P.resolve(args.platform[0]), args.quick, args.worker_baseline)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    run_probe(out)
+    if args.probe_only:
+        return 0
+    if not torch.cuda.is_available():
+        print("forward tier: the scenarios run upstream's JIT kernels and need a CUDA GPU; the dispatch probe "
+              f"above ran and is in {out}/dispatch.md. The H200 run is in verify/results/h200/forward/.")
+        return 3
+    from .stand_ins import install_deep_gemm_stand_in
+    from .tier import QUICK, Sizes, arm_specs, run_arm
+
+    stand_in = install_deep_gemm_stand_in()
+    profiles = list(dict.fromkeys(P.resolve(p) for p in args.platform))
+    sizes = QUICK if args.quick else Sizes()
+    results: list[dict[str, Any]] = []
+    arms_meta: list[dict[str, Any]] = []
+    baseline: dict[str, Any] = {}
+    for profile in profiles:
+        tilelang_note = _tilelang_for(profile)
+        for spec in arm_specs(tuple(args.formats), tuple(args.compressors), mtp=not args.no_mtp):
+            with P.applied(profile) as applied:
+                print(f"=== {profile} {spec.name}", flush=True)
+                arm = run_arm(applied, spec, sizes)
+            rows = [asdict(r) for r in arm.results]
+            results += rows
+            arms_meta.append({
+                "profile": profile, "arm": spec.name, "steps": len(rows),
+                "failed": sum(r["status"] == "fail" for r in rows), "errors": sum(r["status"] == "error" for r in rows),
+                "scorers": sorted({x for r in rows for x in r["scorer"]}), "topks": sorted({x for r in rows for x in r["topk"]}),
+                "replaced": arm.rig.replaced + ([stand_in] if stand_in else []) + ([tilelang_note] if tilelang_note else []),
+                "hook_env": applied.hook_env,
+            })
+            for r in rows:
+                if r["status"] != "pass":
+                    print(f"  {r['status'].upper()} {r['scenario']} {r['run']} {r['label']}: {r['detail'][:300]}", flush=True)
+            if args.baseline_tree is not None and spec.fmt == "fp8" and spec.compressor == "fused" and not spec.draft_tokens:
+                baseline[profile] = compare_with_baseline(arm, args.baseline_tree, profile, args.quick, out)
+                print(f"  flag off vs unpatched tree: {baseline[profile]['status']}: {baseline[profile]['detail']}", flush=True)
+    (out / "results.json").write_text(json.dumps({"arms": arms_meta, "steps": results, "baseline": baseline,
+                                                   "sizes": asdict(sizes), "versions": _versions()}, indent=1, default=str))
+    (out / "summary.md").write_text(summary_markdown(results, arms_meta, baseline))
+    failed = any(r["status"] == "fail" for r in results) or any(b["status"] == "fail" for b in baseline.values())
+    errored = any(r["status"] == "error" for r in results) or any(b["status"] == "error" for b in baseline.values())
+    print((out / "summary.md").read_text())
+    return 1 if failed else 2 if errored else 0
+
+
+def _tilelang_for(profile: str) -> str | None:
+    """On a non-sm_120 GPU, make upstream's TileLang scorer take sm_120's lowering (mma.sync +
+    ldmatrix instead of wgmma: TileLang 0.1.12 emits byte-identical CUDA for the two, see
+    verify.recall.sm120) -- the closest this machine gets to the kernel sm_120 runs."""
+    if profile != "sm120" or P.local_profile() == "sm120" or not P.module_available("tilelang"):
+        return None
+    from verify.recall.sm120 import force_mma_sync_lowering
+
+    return force_mma_sync_lowering()
+
+
+def _versions() -> dict[str, Any]:
+    import platform as _platform
+
+    info: dict[str, Any] = {"python": _platform.python_version(), "torch": torch.__version__,
+                            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    info["sglang"] = str(P.sglang_root())
+    return info

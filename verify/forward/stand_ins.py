@@ -1,0 +1,226 @@
+"""Spies on the C4 indexer's production functions, and the DeepGEMM stand-in.
+
+:class:`Spies` wraps, in upstream's own modules, every function ``forward_c4_indexer`` can pick
+for the logits, the top-k, the non-paged gather and the metadata (the roles of
+:data:`verify.platform.FUNCTIONS`), records each call (role, shapes, ``clean_logits``) and calls
+through -- or, in ``probe`` mode (no GPU), returns a well-formed empty answer so the dispatch
+decision can be observed without running kernels.
+
+DeepGEMM cannot run on the project's GPU machine (its wheel crashes against the machine's torch;
+a from-source build segfaults in its metadata call). Where upstream's sm_90 / sm_100 path calls
+it, :func:`deep_gemm_stand_in` provides a module of that name whose ``fp8_paged_mqa_logits`` is the
+Triton fp8 twin (DeepGEMM's signature and math: fp8 x fp8 -> fp32, times each key's scale),
+whose ``fp8_mqa_logits`` (the non-paged prefill path) is a torch implementation of the same math,
+and whose ``get_num_sms`` asks torch. Each use is recorded and named in the results.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# role -> (module, attribute) where forward_c4_indexer looks the function up at call time
+SPIED: dict[str, tuple[str, str]] = {
+    "score_bf16": ("sglang.kernels.ops.attention.dsv4.bf16_index_logits", "bf16_paged_mqa_logits"),
+    "score_tilelang": ("sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits"),
+    "score_torch": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch"),
+    "score_torch_sm120": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch_sm120"),
+    "score_aiter": ("sglang.srt.layers.attention.dsv4.indexer", "_aiter_fp8_paged_mqa_logits"),
+    "score_deepgemm": ("deep_gemm", "fp8_paged_mqa_logits"),
+    "score_deepgemm_nonpaged": ("deep_gemm", "fp8_mqa_logits"),
+    "topk_v1": ("sglang.srt.layers.attention.dsv4.indexer", "topk_transform_paged"),
+    "topk_v2": ("sglang.srt.layers.attention.dsv4.indexer", "topk_transform_paged_v2"),
+    "topk_torch": ("sglang.srt.layers.attention.dsv4.indexer", "topk_transform_pytorch_vectorized"),
+    "metadata_jit": ("sglang.kernels.ops.attention.dsv4", "get_paged_mqa_logits_metadata"),
+    "metadata_topk_v2_plan": ("sglang.kernels.ops.attention.dsv4", "plan_topk_v2"),
+    "metadata_deepgemm": ("deep_gemm", "get_paged_mqa_logits_metadata"),
+}
+FP8_SCORERS = ("score_tilelang", "score_torch", "score_torch_sm120", "score_aiter", "score_deepgemm", "score_deepgemm_nonpaged")
+SCORERS = ("score_bf16", *FP8_SCORERS)
+TOPKS = ("topk_v1", "topk_v2", "topk_torch", "topk_flashinfer")
+
+
+@dataclass
+class Call:
+    role: str
+    rows: int
+    width: int | None = None
+    seq_lens_dim: int | None = None
+    clean_logits: bool | None = None
+    kv_dtype: str | None = None
+
+
+@dataclass
+class Spies:
+    probe: bool = False  # True: answer without running kernels (dispatch probe on CPU)
+    keep_logits: bool = False  # keep each scorer's output (the checks split scorer from top-k faults)
+    calls: list[Call] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    _saved: list[tuple[Any, str, Any]] = field(default_factory=list)
+    gathers: int = 0
+
+    def _record_scorer(self, role: str, args: tuple[Any, ...]) -> None:
+        q, kv, _w, seq = args[0], args[1], args[2], args[3]
+        rows = (q[0] if isinstance(q, tuple) else q).shape[0]
+        clean = args[7] if len(args) > 7 else None
+        self.calls.append(Call(role, int(rows), int(args[6]) if len(args) > 6 else None,
+                               int(seq.dim()) if hasattr(seq, "dim") else None,
+                               None if clean is None else bool(clean),
+                               str(kv.dtype if isinstance(kv, torch.Tensor) else type(kv).__name__)))
+
+    def _wrap(self, role: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        spies = self
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            if role in SCORERS and role != "score_deepgemm_nonpaged":
+                spies._record_scorer(role, args)
+                if spies.probe:
+                    q = args[0][0] if isinstance(args[0], tuple) else args[0]
+                    return torch.zeros(q.shape[0], int(args[6]), dtype=torch.float32, device=q.device)
+            elif role == "score_deepgemm_nonpaged":
+                q = args[0]
+                spies.calls.append(Call(role, int(q.shape[0]), int(kwargs.get("max_seqlen_k", 0)), None,
+                                        bool(kwargs.get("clean_logits", False))))
+                if spies.probe:
+                    return torch.zeros(q.shape[0], int(kwargs["max_seqlen_k"]), dtype=torch.float32, device=q.device)
+            else:
+                rows = args[0].shape[0] if args and isinstance(args[0], torch.Tensor) else 0
+                spies.calls.append(Call(role, int(rows)))
+                if role in TOPKS and spies.keep_logits and args and isinstance(args[0], torch.Tensor):
+                    spies.logits.append(args[0])  # the logits the top-k reads, as it reads them
+                if spies.probe and role in TOPKS:
+                    return None  # the output buffers keep their fill (-1): nothing selected
+                if spies.probe and role == "metadata_topk_v2_plan":
+                    return torch.zeros(1, dtype=torch.int32, device=args[0].device)
+                if spies.probe and role.startswith("metadata"):
+                    seq, sms = args[0], int(args[2])  # (lengths, page size, SM count): a zero schedule
+                    return torch.zeros(sms + 1, 2, dtype=torch.int32, device=seq.device)
+            return fn(*args, **kwargs)
+
+        spy.__wrapped__ = fn  # type: ignore[attr-defined]
+        return spy
+
+    def install(self, backend: Any = None) -> Spies:
+        import importlib
+
+        for role, (module_name, attr) in SPIED.items():
+            try:
+                module = importlib.import_module(module_name)
+            except Exception:  # noqa: BLE001, S112 -- a module this machine cannot import is not picked here
+                continue
+            if not hasattr(module, attr):
+                continue
+            original = getattr(module, attr)
+            self._saved.append((module, attr, original))
+            setattr(module, attr, self._wrap(role, original))
+        if backend is not None:
+            original_fi = backend.flashinfer_topk_transform
+            self._saved.append((backend, "flashinfer_topk_transform", original_fi))
+            backend.flashinfer_topk_transform = self._wrap("topk_flashinfer", original_fi)
+            original_gather = backend._gather_nonpaged_index_k
+            spies = self
+
+            def gather(*args: Any, **kwargs: Any) -> Any:
+                spies.gathers += 1
+                spies.calls.append(Call("gather_nonpaged", 0))
+                return original_gather(*args, **kwargs)
+
+            self._saved.append((backend, "_gather_nonpaged_index_k", original_gather))
+            backend._gather_nonpaged_index_k = gather
+        return self
+
+    def uninstall(self) -> None:
+        for obj, attr, original in reversed(self._saved):
+            setattr(obj, attr, original)
+        self._saved.clear()
+
+    def take(self) -> list[Call]:
+        out, self.calls = self.calls, []
+        return out
+
+    def take_logits(self) -> list[torch.Tensor]:
+        out, self.logits = self.logits, []
+        return out
+
+
+def roles_called(calls: list[Call]) -> list[str]:
+    return list(dict.fromkeys(c.role for c in calls))
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepGEMM stand-in
+# ---------------------------------------------------------------------------------------------
+
+DEEPGEMM_STAND_IN = (
+    "deep_gemm stand-in: fp8_paged_mqa_logits = Triton fp8 twin (verify.bench.fp8_twin, DeepGEMM's "
+    "signature and math), fp8_mqa_logits = torch (same math, gathered keys), get_num_sms = torch's SM "
+    "count; the real DeepGEMM does not run on this machine"
+)
+
+
+def _nonpaged_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                     ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = False, max_seqlen_k: int = 0) -> torch.Tensor:
+    """DeepGEMM ``fp8_mqa_logits``: ``sum_h relu(q_h . k_j * s_j) w_h`` for j in [ks, ke), in fp32."""
+    k8, scale = kv
+    rows, heads, _ = q.shape
+    n = k8.shape[0]
+    width = max(max_seqlen_k, n)
+    out = torch.full((rows, width), float("-inf"), dtype=torch.float32, device=q.device)
+    kf = k8.float()
+    acc = torch.zeros(rows, n, dtype=torch.float32, device=q.device)
+    for h in range(heads):
+        acc += (q[:, h].float() @ kf.T * scale.unsqueeze(0)).relu_() * weights[:, h : h + 1].float()
+    out[:, :n] = acc
+    cols = torch.arange(width, device=q.device).unsqueeze(0)
+    out.masked_fill_((cols < ks.unsqueeze(1)) | (cols >= ke.unsqueeze(1)), float("-inf"))
+    return out
+
+
+def deep_gemm_stand_in() -> types.ModuleType:
+    """A ``deep_gemm`` module for upstream's sm_90 / sm_100 C4 path on a machine without it."""
+    mod = types.ModuleType("deep_gemm")
+    mod.__dict__["IS_BF16K_STAND_IN"] = True
+
+    def get_num_sms() -> int:
+        if torch.cuda.is_available():
+            return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+        return 132
+
+    def fp8_paged_mqa_logits(q: torch.Tensor, kv: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
+                             page_table: torch.Tensor, metadata: Any, max_len: int, clean_logits: bool) -> torch.Tensor:
+        from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+
+        return fp8_paged_mqa_logits_twin(q, kv, weights, seq_lens.reshape(-1), page_table, metadata, max_len, clean_logits)
+
+    def get_paged_mqa_logits_metadata(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("DeepGEMM's own metadata kernel is not available here; upstream's JIT one is used")
+
+    mod.__dict__.update(
+        get_num_sms=get_num_sms,
+        fp8_paged_mqa_logits=fp8_paged_mqa_logits,
+        fp8_mqa_logits=_nonpaged_logits,
+        get_paged_mqa_logits_metadata=get_paged_mqa_logits_metadata,
+    )
+    return mod
+
+
+def install_deep_gemm_stand_in() -> str | None:
+    """Put the stand-in in ``sys.modules`` unless a working DeepGEMM imports; returns its name
+    for the results, or None when the real one is in use."""
+    existing = sys.modules.get("deep_gemm")
+    if existing is not None:
+        return DEEPGEMM_STAND_IN if getattr(existing, "IS_BF16K_STAND_IN", False) else None
+    try:
+        import deep_gemm  # noqa: F401
+
+        if not getattr(sys.modules["deep_gemm"], "IS_STUB", False):
+            return None
+    except Exception:  # noqa: BLE001, S110 -- absent or broken: the stand-in serves
+        pass
+    sys.modules["deep_gemm"] = deep_gemm_stand_in()
+    return DEEPGEMM_STAND_IN
