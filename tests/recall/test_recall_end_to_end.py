@@ -25,16 +25,20 @@ def test_outputs_and_gate_pass(good):
         assert (out / name).stat().st_size > 0, name
     res = json.loads((out / "results.json").read_text())
     assert res["gate"]["passed"] is True
-    assert res["config"]["arms"] == ["bf16", "fp8", "fp4sim"]
+    assert res["config"]["arms"] == ["bf16", "fp8", "fp4sim", "bf16q", "int8sim", "fp8b32sim"]
     assert res["backend"]["paths"]["score_fp8"].startswith("emulation")
     assert res["versions"]["torch"]
     assert res["diagnosis"]["verdict"].startswith("CPU emulation only") and "fp8 path correct, loses" in res["diagnosis"]["verdict"]
     with (out / "results.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert {r["arm"] for r in rows} == {"bf16", "fp8", "fp4sim"}
+    assert {r["arm"] for r in rows} == {"bf16", "fp8", "fp4sim", "bf16q", "int8sim", "fp8b32sim"}
     assert {r["length_tokens"] for r in rows} == {"338", "4509"}
     summary = (out / "summary.md").read_text()
     assert "**PASS**" in summary and "## Diagnosis" in summary and "| 4,509 |" in summary
+    # the gate names its oracle; the exact-q one is reported beside it, with its own table
+    assert "Against the same-q oracle" in summary and "against the exact-q oracle" in summary
+    assert "same-q oracle / exact-q oracle" in summary
+    assert res["gate"]["oracle"].startswith("same-q") and res["gate_exact_q"]["oracle"].startswith("exact-q")
     (out / "heatmap_fp8.png").unlink()
     from verify.recall.report import main as replot
 
@@ -43,6 +47,11 @@ def test_outputs_and_gate_pass(good):
     assert by[("bf16", 338)]["recall_tie"]["mean"] == 1.0  # 84 keys < top-512: everything selected
     assert by[("bf16", 4509)]["loss"] < 0.25 * by[("fp8", 4509)]["loss"]
     assert by[("fp4sim", 4509)]["recall_tie"]["mean"] < by[("fp8", 4509)]["recall_tie"]["mean"]
+    # q before its fp8 rounding: the closest arm to the exact-q oracle; the same keys with fp8 q lose more
+    exact = {arm: by[(arm, 4509)]["recall_tie_unq"]["mean"] for arm in ("bf16", "bf16q", "fp8")}
+    assert exact["bf16q"] > exact["bf16"] > exact["fp8"]
+    # 132-byte candidates: int8 with a per-key scale keeps more than e4m3 with one
+    assert by[("int8sim", 4509)]["recall_tie"]["mean"] > by[("fp8", 4509)]["recall_tie"]["mean"]
 
 
 def test_broken_bf16_slot_mapping_fails_the_gate(tmp_path):

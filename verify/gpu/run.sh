@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Run the GPU checks on an offline CUDA machine, from the repository root, with the wheels
-# fetched by verify/gpu/fetch_wheels.sh in .whl/ (carried there). Usage:
+# fetched by verify/gpu/fetch_wheels.sh in .whl/{a,b,c}/ (carried there, one bundle a call).
+# Usage:
 #
-#   verify/gpu/run.sh STAGE...     stages: setup tests tier1 tier1_read tier2 bench ncu (or: all)
+#   verify/gpu/run.sh STAGE...     stages: install setup tests tier1 tier1_read tier2 forward
+#                                  diagnose bench ncu (or: all)
+#
+# install puts whatever bundle was carried (.whl/a, .whl/b or .whl/c) into $SITE, which stays on
+# the machine while it is held: carry a, then b, then c in consecutive calls (`install` alone for
+# the first two), and run the stages in the call that carries c.
 #
 # Each stage runs under a time limit: STAGE_TIMEOUT seconds, or TIMEOUT_<stage> for one stage
 # (TIMEOUT_bench=330). BENCH_ARGS / TIER2_ARGS / NCU_ARGS are passed to the stage's program;
@@ -28,13 +34,25 @@ SITE=/tmp/bf16k-site
 PY=${PYTHON:-python3}
 status=0
 
+stage_install() {  # the carried bundle(s) into $SITE; the pinned sglang wheel kept aside for setup
+  local found=0
+  for bundle in .whl/a .whl/b .whl/c; do
+    ls "$bundle"/*.whl >/dev/null 2>&1 || continue
+    found=1
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$bundle"/*.whl || return 1
+    touch "$SITE/.installed-${bundle##*/}"
+    if ls "$bundle"/upstream/sglang-*.whl >/dev/null 2>&1; then
+      mkdir -p /tmp/bf16k-upstream-wheel && cp "$bundle"/upstream/sglang-*.whl /tmp/bf16k-upstream-wheel/
+    fi
+  done
+  [ "$found" = 1 ] || { echo "no wheel bundle carried (.whl/a, .whl/b or .whl/c)" >&2; return 1; }
+  ls "$SITE"/.installed-* | sed 's/.*installed-/installed bundle /'
+}
+
 stage_setup() {
-  if [ ! -f "$SITE/.done" ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || return 1
-    touch "$SITE/.done"
-  fi
+  [ -f "$SITE/.installed-c" ] || { echo "setup needs bundle c installed (carry .whl/c; run.sh install)" >&2; return 1; }
   export PYTHONPATH=$SITE
-  "$PY" -m bf16k apply --source wheel --wheel-file .whl/upstream/sglang-*.whl || return 1
+  "$PY" -m bf16k apply --source wheel --wheel-file /tmp/bf16k-upstream-wheel/sglang-*.whl || return 1
   "$PY" -m bf16k build || return 1
   with_tree
   "$PY" -c "import sglang.srt.mem_cache.deepseek_v4_memory_pool, sglang.srt.layers.attention.dsv4.compressor_v2, sglang.srt.layers.attention.dsv4.indexer; print('pool, compressor and indexer modules import')" || echo "WARNING: upstream modules do not import; pool-level checks will error"
@@ -119,6 +137,32 @@ stage_tier2() {
   "$PY" -m verify --tiers 2 --out "$RES/verify" ${TIER2_ARGS:-}
 }
 
+stage_forward() {  # the forward tier: probe + every scenario (FORWARD_ARGS, e.g. "--quick --platform auto sm120")
+  with_tree
+  local base=""
+  baseline_tree && base="--baseline-tree $ROOT/build/upstream-baseline/python"
+  # shellcheck disable=SC2086
+  "$PY" -m verify.forward --out "$RES/forward" $base ${FORWARD_ARGS:---platform auto sm120}
+}
+
+stage_diagnose() {  # per-platform fp8 diagnosis (DIAGNOSE_PLATFORMS, default "sm90 sm120")
+  with_tree
+  local p rc=0
+  for p in ${DIAGNOSE_PLATFORMS:-sm90 sm120}; do
+    "$PY" -m verify.recall.diagnose --backend gpu --platform "$p" --out "$RES/diagnose/$p" || rc=1
+  done
+  return $rc
+}
+
+baseline_tree() {  # an unpatched tree at the base commit (the flag-off bit-identity checks)
+  [ -d "$ROOT/build/upstream-baseline/python/sglang" ] && return 0
+  local base
+  base=$(git -C "$ROOT/sglang-upstream" rev-parse -q --verify refs/patches/upstream-head) || return 1
+  rm -rf "$ROOT/build/upstream-baseline"
+  git clone -q --shared --no-checkout "$ROOT/sglang-upstream" "$ROOT/build/upstream-baseline" &&
+    git -C "$ROOT/build/upstream-baseline" checkout -q -f --detach "$base"
+}
+
 stage_bench() {
   with_tree
   # shellcheck disable=SC2086
@@ -126,20 +170,21 @@ stage_bench() {
 }
 
 stages=("$@")
-[ "${stages[*]:-}" = "all" ] && stages=(setup tests tier1 tier2 bench ncu)
+[ "${stages[*]:-}" = "all" ] && stages=(install setup tests tier1 tier2 forward diagnose bench ncu)
 for s in "${stages[@]}"; do
   start=$(date +%s)
   echo "=== stage $s" | tee -a "$LOGS/stages.log"
   case "$s" in
-    setup|tests|tier1|tier1_read|tier2|bench|ncu)
+    install|setup|tests|tier1|tier1_read|tier2|forward|diagnose|bench|ncu)
       limit_var=TIMEOUT_$s
-      export -f "stage_$s" with_tree deep_gemm_is_real; export ROOT RES LOGS SITE PY TIER2_ARGS BENCH_ARGS NCU_ARGS TEST_FILES
+      export -f "stage_$s" with_tree deep_gemm_is_real baseline_tree
+      export ROOT RES LOGS SITE PY TIER2_ARGS BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS DIAGNOSE_PLATFORMS
       timeout "${!limit_var:-$STAGE_TIMEOUT}" bash -c "stage_$s" > >(tee "$LOGS/$s.log") 2>&1; rc=$? ;;
     *) echo "unknown stage $s"; rc=2 ;;
   esac
   echo "=== stage $s: exit $rc in $(( $(date +%s) - start )) s" | tee -a "$LOGS/stages.log"
   [ "$rc" -ne 0 ] && status=1
-  [ "$s" = setup ] && [ "$rc" -ne 0 ] && break
+  { [ "$s" = setup ] || [ "$s" = install ]; } && [ "$rc" -ne 0 ] && break
 done
 if [ -n "${OUT:-}" ]; then
   tar -czf "$OUT/gpu-results.tgz" -C "$ROOT/build" gpu

@@ -130,6 +130,8 @@ def decode_pool(fmt: str, pool: torch.Tensor, fp8_scorer: str = "fp8-fp32acc") -
     if fmt == "fp8":
         codes, scale = F.fp8_read(pool, slots)
         return SlotKeys(F.fp8_codes_to_float(codes), scale, fp8_scorer)
+    if fmt == "f32":
+        return SlotKeys(F.f32_read(pool, slots), None, "fp32")
     return SlotKeys(F.bf16_read(pool, slots), None, "fp32")
 
 
@@ -159,6 +161,8 @@ class EmulationBackend(Backend):
     def _store(self, fmt: str, pool: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:
         if fmt == "fp8":
             F.fp8_store(pool, slots, keys.to(self.fp8_input_dtype))
+        elif fmt == "f32":
+            F.f32_store(pool, slots, keys)
         else:
             F.bf16_store(pool, slots, keys)
         self._decoded.pop(pool.data_ptr(), None)

@@ -30,7 +30,7 @@ import torch
 
 from . import diagnose
 from .backend import FAULTS, Backend, EmulationBackend
-from .gate import evaluate
+from .gate import evaluate, evaluate_exact_q
 from .generator import GenConfig, PlanConfig, build_planted
 from .metrics import aggregate
 from .report import (
@@ -49,15 +49,24 @@ LENGTHS_CI = (338, 2048, 4509, 5200, 8000)
 DEPTHS_PCT = (0, 10, 25, 50, 75, 90, 100)
 
 
-def make_backend(kind: str, faults: tuple[str, ...], fp8_scorer: str = "auto") -> Backend:
+def make_backend(kind: str, faults: tuple[str, ...], fp8_scorer: str = "auto", platform: str = "auto") -> Backend:
+    """The GPU backend runs the platform profile's production kernels; the CPU backend emulates
+    them (every fp8 scorer but upstream's torch fallbacks accumulates fp8 x fp8 in fp32)."""
     if kind == "gpu":
         from .gpu_backend import make_gpu_backend
 
-        return make_gpu_backend(faults, fp8_scorer)
-    sem = {"auto": "fp8-fp32acc", "deepgemm": "fp8-fp32acc", "emulation": "fp8-fp32acc", "torch": "fp8-torch"}.get(fp8_scorer)
+        return make_gpu_backend(faults, fp8_scorer, platform=platform)
+    sem = {"auto": "fp8-fp32acc", "deepgemm": "fp8-fp32acc", "emulation": "fp8-fp32acc", "torch": "fp8-torch",
+           "torch-sm120": "fp8-torch", "tilelang": "fp8-fp32acc"}.get(fp8_scorer)
     if sem is None:
         raise SystemExit(f"--fp8-scorer {fp8_scorer!r} is GPU-only; on cpu use auto or torch")
-    return EmulationBackend(device=torch.device("cpu"), faults=faults, fp8_scorer=sem)
+    backend = EmulationBackend(device=torch.device("cpu"), faults=faults, fp8_scorer=sem)
+    if platform != "auto":
+        from verify import platform as P
+
+        P.resolve(platform)
+        backend.paths["platform"] = f"{platform} ({P.HARDWARE[platform]}): CPU emulation of its fp8 scoring semantics ({sem})"
+    return backend
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -77,7 +86,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--sequences", type=int, default=None, help="haystacks per length (default: gpu 2, cpu 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replay", type=Path, default=None, help="score a capture file instead of synthetic data (REPLAY.md)")
-    ap.add_argument("--fp8-scorer", default="auto", help="gpu: auto|torch|triton-twin|deepgemm|emulation; cpu: auto (DeepGEMM math)|torch (upstream torch-fallback math)")
+    ap.add_argument("--fp8-scorer", default="auto", help="gpu: auto (the platform's)|torch|torch-sm120|triton-twin|deepgemm|tilelang|emulation; cpu: auto (fp32-accumulating fp8 math)|torch (upstream torch-fallback math)")
+    ap.add_argument("--platform", default="auto", help="profile whose fp8 scorer and top-k the fp8 arm runs: auto (the local GPU's), sm90, sm100, sm120, hip (verify.platform)")
+    ap.add_argument("--arms", nargs="+", default=None, help=f"arms to run (default: {' '.join(BASE_ARMS)}; fp8_emul added on gpu)")
     ap.add_argument("--inject-fault", action="append", default=[], choices=sorted(FAULTS), help="harness self-test: corrupt a store path")
     ap.add_argument("--no-diagnose", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
@@ -148,8 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The CPU work is many small matmuls: on shared CI cores OpenMP threads mostly spin and
         # wait (measured 10x slower with 2 threads under load than with 1).
         torch.set_num_threads(args.threads or 1)
-    backend = make_backend(kind, tuple(args.inject_fault), args.fp8_scorer)
-    arms: list[str] = list(BASE_ARMS) + (["fp8_emul"] if gpu else [])
+    backend = make_backend(kind, tuple(args.inject_fault), args.fp8_scorer, args.platform)
+    arms: list[str] = list(args.arms or BASE_ARMS) + (["fp8_emul"] if gpu and not args.arms else [])
     control = getattr(backend, "emul", None)
     budget = int((args.budget_gb or (4.0 if gpu else 0.5)) * (1 << 30))
     depths = tuple(d / 100.0 for d in args.depths)
@@ -206,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 torch.cuda.empty_cache()
 
     gate = evaluate(records)
+    gate_exact = evaluate_exact_q(records)
     diag = None
     if not args.no_diagnose:
         t0 = time.perf_counter()
@@ -245,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "plan": asdict(plan),
                 "generator": asdict(gen),
                 "fp8_scorer": args.fp8_scorer,
+                "platform": args.platform,
                 "faults": list(args.inject_fault),
                 "replay": str(args.replay) if args.replay else None,
                 "arms": arms,
@@ -256,6 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "elapsed_s": elapsed,
             "per_problem": per_problem,
             "gate": gate.to_dict(),
+            "gate_exact_q": gate_exact.to_dict() if gate_exact else None,
             "diagnosis": diag.to_dict() if diag else None,
             "per_length": per_length,
             "per_depth": per_depth,
@@ -273,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{diag.topk_agreement_fp8_bf16:.4f}"
             )
     (args.out / "summary.md").write_text(
-        summary_markdown(meta, per_length, per_depth, arms, gate, diag.verdict if diag else None, files, details)
+        summary_markdown(meta, per_length, per_depth, arms, gate, diag.verdict if diag else None, files, details, gate_exact)
     )
     log(f"[recall] gate (bf16): {'PASS' if gate.passed else 'FAIL'}" + "".join(f"; {c.name}: {'ok' if c.passed else 'FAIL'}" for c in gate.conditions))
     if diag:

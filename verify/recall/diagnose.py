@@ -560,6 +560,7 @@ def run(backend: Backend, records: Sequence[Mapping[str, object]] = (), quick: b
         if "deep_gemm" not in in_use:
             checks.append(check_deepgemm())
     checks.append(_guard("top-k selection", backend.paths.get("select", "top-k"), lambda: check_topk(backend, backend.paths.get("select", "top-k"))))
+    checks += hazard_checks(backend)
     if gpu:
         for fmt in ("fp8", "bf16"):
             label = backend.paths.get(f"score_{fmt}", fmt) + " + " + backend.paths.get("select", "top-k")
@@ -571,27 +572,78 @@ def run(backend: Backend, records: Sequence[Mapping[str, object]] = (), quick: b
     return Diagnosis(verdict(checks, records, emulated, backend.faults), checks, emulated, _mean(agree) if agree else None)
 
 
+def hazard_checks(backend: Backend) -> list[Check]:
+    """The read-side hazards (:mod:`verify.recall.hazards`) with the backend's scorer and top-k."""
+    from . import hazards as H
+
+    dev = backend.device
+    select_label = backend.paths.get("select", "top-k")
+    out: list[Check] = []
+
+    def topk_tails() -> Check:
+        res = H.check_topk_poisoned_tails(backend.select, dev)
+        return Check("top-k over poisoned tails", select_label, "pass" if res["ok"] else "fail", str(res["detail"]), True, res)
+
+    out.append(_guard("top-k over poisoned tails", select_label, topk_tails))
+    for fmt in ("fp8", "bf16"):
+        label = backend.paths.get(f"score_{fmt}", fmt) + " + " + select_label
+
+        def scorer_topk(fmt: str = fmt, label: str = label) -> Check:
+            res = H.check_scorer_then_topk(
+                fmt,
+                store=lambda pool, slots, keys, fmt=fmt: backend.store(fmt, pool, slots, keys),
+                new_pool=lambda n, fmt=fmt: backend.new_pool(fmt, n),
+                score=lambda pool, q8, w, seq, pt, fmt=fmt: backend.score(fmt, pool, q8, w, torch.arange(q8.shape[0], device=dev), seq, pt),
+                select=backend.select,
+                quantize_q=lambda q, w: F.quantize_q(q, w, 1.0),
+                device=dev,
+            )
+            return Check(f"{fmt} scorer then top-k (hazards)", label, "pass" if res["ok"] else "fail", str(res["detail"]), fmt == "fp8", res)
+
+        out.append(_guard(f"{fmt} scorer then top-k (hazards)", label, scorer_topk, fp8_path=fmt == "fp8"))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verify.recall.diagnose", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=("cpu", "gpu"), default="gpu" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--fp8-scorer", default="auto")
-    ap.add_argument("--out", type=Path, default=None, help="write diagnosis.json here")
+    ap.add_argument("--platform", default="auto",
+                    help="profile whose fp8 path is diagnosed: auto (the local GPU's), sm90, sm100, sm120, hip")
+    ap.add_argument("--forward", type=Path, default=None,
+                    help="a forward-tier results folder (python -m verify.forward) to fold into the verdicts")
+    ap.add_argument("--out", type=Path, default=None, help="write diagnosis.json and diagnosis.md here")
     ap.add_argument("--deepgemm-probe", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.deepgemm_probe:
         _deepgemm_probe_main()
         return 0
-    from .cli import make_backend
+    from verify import platform as P
 
-    backend = make_backend(args.backend, (), args.fp8_scorer)
+    from .cli import make_backend
+    from .verdicts import component_verdicts, render
+
+    if args.backend == "cpu" and args.platform == "auto":
+        args.platform = P.local_profile() or "sm90"
+    profile = P.resolve(args.platform)
+    backend = make_backend(args.backend, (), args.fp8_scorer, platform=profile)
     diag = run(backend)
     for c in diag.checks:
         print(f"[{c.status:7}] {c.name} -- {c.kernel}: {c.detail}")
     print(diag.verdict)
+    forward = None
+    if args.forward is not None and (args.forward / "results.json").exists():
+        forward = json.loads((args.forward / "results.json").read_text())
+    lines = component_verdicts(profile, diag, backend.paths, forward)
+    text = render(profile, lines, diag)
+    print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "diagnosis.json").write_text(json.dumps({"diagnosis": diag.to_dict(), "paths": backend.paths}, indent=1, default=str))
-    return 0
+        (args.out / "diagnosis.json").write_text(json.dumps(
+            {"platform": profile, "diagnosis": diag.to_dict(), "paths": backend.paths,
+             "components": [line.__dict__ for line in lines]}, indent=1, default=str))
+        (args.out / "diagnosis.md").write_text(text)
+    return 1 if any(line.status == "fail" for line in lines) else 0
 
 
 if __name__ == "__main__":

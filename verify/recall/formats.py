@@ -44,8 +44,9 @@ FP4_MAX = 6.0
 # Keeps an all-zero block at scale 2^-126 instead of 0 (no 0/0); irrelevant for real data.
 FP4_AMAX_FLOOR = FP4_MAX * 2.0**-126
 
-#: bytes per slot of each pool format; "fp4" arms are simulated and stored in bf16 pools.
-SLOT_BYTES = {"fp8": FP8_SLOT_BYTES, "bf16": BF16_SLOT_BYTES}
+#: bytes per slot of each pool format; "fp4" arms are simulated and stored in bf16 pools; "f32"
+#: pools hold emulated formats whose values bf16 cannot hold exactly (int8 x fp32 scale).
+SLOT_BYTES = {"fp8": FP8_SLOT_BYTES, "bf16": BF16_SLOT_BYTES, "f32": HEAD_DIM * 4}
 
 
 def page_bytes(fmt: str) -> int:
@@ -208,6 +209,44 @@ def fp4_sim(x: torch.Tensor) -> torch.Tensor:
     blocks = x.float().unflatten(-1, (-1, FP4_BLOCK))
     q = round_e2m1((blocks / scale).clamp(-FP4_MAX, FP4_MAX))
     return (q * scale).flatten(-2)
+
+
+def f32_view(pool: torch.Tensor) -> torch.Tensor:
+    return pool.view(torch.float32).view(-1, HEAD_DIM)
+
+
+def f32_store(pool: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:
+    f32_view(pool)[slots.long()] = keys.float()
+
+
+def f32_read(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return f32_view(pool)[slots.long()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidate 132-byte formats (what fp8's bytes could hold instead), emulated for tier 2 only
+# ---------------------------------------------------------------------------------------------
+
+INT8_MAX = 127.0
+FP8_BLOCK = 32
+
+
+def int8_sim(x: torch.Tensor) -> torch.Tensor:
+    """int8 codes with one fp32 scale per key (128 + 4 = 132 B): ``scale = absmax / 127``,
+    ``code = round_half_even(x / scale)``; returns the dequantized fp32 values."""
+    xf = x.float()
+    scale = torch.clamp(xf.abs().amax(dim=-1, keepdim=True), min=FP8_SCALE_FLOOR) / INT8_MAX
+    return torch.round(xf / scale).clamp(-INT8_MAX, INT8_MAX) * scale
+
+
+def fp8_block32_sim(x: torch.Tensor) -> torch.Tensor:
+    """e4m3 codes with a power-of-two (ue8m0) scale per 32 values (128 + 4 x 1 = 132 B): each
+    block's scale is the smallest power of two >= amax / 448; returns the dequantized values
+    (exactly representable in bf16: 4 significant bits times a power of two)."""
+    blocks = x.float().unflatten(-1, (-1, FP8_BLOCK))
+    scale = ceil_pow2(torch.clamp(blocks.abs().amax(dim=-1, keepdim=True), min=FP4_AMAX_FLOOR) / FP8_MAX)
+    codes = (blocks / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+    return (codes * scale).flatten(-2)
 
 
 # ---------------------------------------------------------------------------------------------

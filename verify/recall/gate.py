@@ -8,6 +8,11 @@
 3. cells: in every (index_topk, length, depth) cell, bf16's mean tie-aware recall is not below fp8's.
 
 Near-ties make an absolute target like 0.9999 unreachable for any rounding, hence relative gates.
+
+The gate's oracle is the *same-q* one (``recall_tie``): the unrounded keys scored with the
+production fp8 q, which every gated arm also uses, so the gate compares key storage alone.
+:func:`evaluate_exact_q` runs the same conditions against the *exact-q* oracle (unquantized q,
+``recall_tie_unq``), reported beside it and never deciding the verdict.
 """
 
 from __future__ import annotations
@@ -30,12 +35,17 @@ class Condition:
     failures: list[dict[str, object]] = field(default_factory=list)
 
 
+SAME_Q = "same-q oracle: unrounded keys, the production fp8 q (dequantized)"
+EXACT_Q = "exact-q oracle: unrounded keys, the unquantized fp32 q"
+
+
 @dataclass
 class GateResult:
     passed: bool
     conditions: list[Condition]
     arm: str = "bf16"
     reference: str = "fp8"
+    oracle: str = SAME_Q
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -96,3 +106,14 @@ def evaluate(records: Sequence[Mapping[str, object]], arm: str = "bf16", referen
     )
     conds = [needle, ratio, cell]
     return GateResult(all(c.passed for c in conds), conds, arm, reference)
+
+
+def evaluate_exact_q(records: Sequence[Mapping[str, object]], arm: str = "bf16", reference: str = "fp8") -> GateResult | None:
+    """The gate's conditions against the exact-q oracle (needle hits still as the same-q oracle
+    placed them); None when the records carry no exact-q recall."""
+    if not any(r.get("recall_tie_unq") is not None for r in records):
+        return None
+    swapped = [{**r, "recall_tie": r.get("recall_tie_unq")} for r in records if r.get("recall_tie_unq") is not None]
+    result = evaluate(swapped, arm, reference)
+    result.oracle = EXACT_Q
+    return result

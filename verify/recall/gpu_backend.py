@@ -4,9 +4,11 @@
 * fp8 store: ``fused_store_cache(type="indexer")`` into a 132-B/slot paged buffer;
 * bf16 store: patch 1's ``DeepSeekV4IndexerPool.set_index_k_bf16`` into its 256-B/slot buffer;
 * bf16 scorer: patch 4's ``bf16_paged_mqa_logits``;
-* fp8 scorer: upstream's ``fp8_paged_mqa_logits_torch`` by default (DeepGEMM's kernel crashes on
-  the project's GPU machine), or ``--fp8-scorer triton-twin|deepgemm``;
-* selection: the JIT ``topk_transform_paged`` (v1) kernel.
+* fp8 scorer and top-k: what upstream runs on the ``platform`` profile (:mod:`verify.platform`;
+  the dispatch probe reads them off upstream's own forward): sm_90 / sm_100 DeepGEMM's
+  ``fp8_paged_mqa_logits`` (the Triton fp8 twin stands in where DeepGEMM cannot run) and top-k
+  v2; sm_120 upstream's TileLang scorer (sm_120's mma.sync lowering on other GPUs) and top-k v1.
+  ``--fp8-scorer torch|triton-twin|deepgemm|tilelang|torch-sm120|emulation`` overrides the scorer.
 
 Every step that cannot load falls back to :class:`~verify.recall.backend.EmulationBackend` on the
 GPU and says so in ``paths`` (and so in results.json / summary.md).
@@ -24,12 +26,17 @@ from . import upstream as U
 from .backend import Backend, EmulationBackend, QueryInputs, torch_select
 from .scoring import row_slots
 
-FP8_SCORERS = ("auto", "torch", "triton-twin", "deepgemm", "emulation")
+FP8_SCORERS = ("auto", "torch", "torch-sm120", "triton-twin", "deepgemm", "tilelang", "emulation")
+# --fp8-scorer name -> the platform role it loads
+CHOICE_ROLE = {"torch": "score_torch", "torch-sm120": "score_torch_sm120", "triton-twin": "score_twin",
+               "deepgemm": "score_deepgemm", "tilelang": "score_tilelang"}
+TORCH_SEMANTICS = ("score_torch", "score_torch_sm120")  # bf16 per-head dots (emulation "fp8-torch")
 
 
 @dataclass
 class GpuBackend(Backend):
     fp8_scorer_choice: str = "auto"
+    platform: str = "auto"  # profile whose fp8 scorer and top-k run (see verify.platform)
     name: str = "gpu"
     stats: dict[str, int] = field(default_factory=dict)
 
@@ -43,7 +50,15 @@ class GpuBackend(Backend):
         self._fp8_store = U.fp8_store()
         self._pool_cls = U.bf16_pool_cls()
         self._bf16_score = U.bf16_scorer()
-        self._topk = U.topk_paged()
+        from verify import platform as P
+        from verify.forward.probe import profile_roles
+
+        self.platform = P.resolve(self.platform)
+        self.roles = profile_roles(self.platform)
+        self.paths["platform"] = f"{self.platform} ({P.HARDWARE[self.platform]}): upstream picks {self.roles}"
+        self._topk_role = self.roles["topk"] if self.roles["topk"] in ("topk_v1", "topk_v2") else "topk_v1"
+        self._topk = P.load(self._topk_role)
+        self._topk_plan = P.load("topk_v2_plan") if self._topk_role == "topk_v2" else None
         self._fp8_score, fp8_sem = self._pick_fp8_scorer()
         # The control arm and every fallback: exact emulation with the chosen fp8 read semantics.
         self.emul = EmulationBackend(device=self.device, fp8_scorer=fp8_sem)
@@ -62,30 +77,21 @@ class GpuBackend(Backend):
         return f"{fallback} -- FALLBACK: {got.reason}"
 
     def _pick_fp8_scorer(self) -> tuple[U.Loaded, str]:
+        from verify import platform as P
+
         choice = self.fp8_scorer_choice
         if choice not in FP8_SCORERS:
             raise ValueError(f"--fp8-scorer must be one of {FP8_SCORERS}")
         if choice == "emulation":
             self.paths["score_fp8"] = "emulation (fp8-fp32acc, DeepGEMM semantics) on GPU"
             return U.Missing("emulation requested"), "fp8-fp32acc"
-        if choice == "deepgemm":
-            try:
-                import deep_gemm
-
-                got: U.Loaded = U.Found(deep_gemm.fp8_paged_mqa_logits, "deep_gemm.fp8_paged_mqa_logits")
-            except BaseException as exc:  # noqa: BLE001
-                got = U.Missing(f"deep_gemm: {exc}")
-            sem = "fp8-fp32acc"
-        elif choice == "triton-twin":
-            got, sem = U.fp8_triton_twin(), "fp8-fp32acc"
-        else:
-            got, sem = U.fp8_torch_scorer(), "fp8-torch"
-            if isinstance(got, U.Missing) and choice == "auto":
-                twin = U.fp8_triton_twin()
-                if isinstance(twin, U.Found):
-                    got, sem = twin, "fp8-fp32acc"
-        if isinstance(got, U.Missing):
-            sem = "fp8-fp32acc"
+        role = self.roles["scorer"] if choice == "auto" else CHOICE_ROLE[choice]
+        got = load_scorer(role)
+        sem = "fp8-torch" if role in TORCH_SEMANTICS else "fp8-fp32acc"
+        if isinstance(got, U.Missing) and choice == "auto":
+            twin = P.load("score_twin")
+            if isinstance(twin, U.Found):
+                got, sem = U.Found(twin.obj, f"{twin.name} (the profile's {role} did not load: {got.reason})"), "fp8-fp32acc"
         self.paths["score_fp8"] = self._desc(got, "emulation (fp8-fp32acc)")
         return got, sem
 
@@ -170,6 +176,9 @@ class GpuBackend(Backend):
 
     # -- score --------------------------------------------------------------------------------------
     def _score(self, fmt, pool, q_fp8, w, q_index, seq_lens, page_table) -> torch.Tensor:
+        if fmt == "f32" or q_fp8.dtype != torch.float8_e4m3fn:
+            # emulated formats and the bf16-q arm: no production kernel exists for them
+            return self.emul._score(fmt, pool, q_fp8, w, q_index, seq_lens, page_table)
         scorer = self._bf16_score if fmt == "bf16" else self._fp8_score
         if isinstance(scorer, U.Missing):
             return self.emul._score(fmt, pool, q_fp8, w, q_index, seq_lens, page_table)
@@ -184,7 +193,12 @@ class GpuBackend(Backend):
         pt = page_table.to(torch.int32).contiguous()
         out_page = torch.empty(b, topk, dtype=torch.int32, device=self.device)
         out_raw = torch.empty(b, topk, dtype=torch.int32, device=self.device)
-        self._topk.obj(logits.float().contiguous(), seq, pt, out_page, F.PAGE_SLOTS, out_raw)
+        if self._topk_role == "topk_v2":
+            assert isinstance(self._topk_plan, U.Found), self._topk_plan
+            plan = self._topk_plan.obj(seq)
+            self._topk.obj(logits.float().contiguous(), seq, pt, out_page, F.PAGE_SLOTS, plan, out_raw)
+        else:
+            self._topk.obj(logits.float().contiguous(), seq, pt, out_page, F.PAGE_SLOTS, out_raw)
         raw = out_raw.long()
         if torch.cuda.is_current_stream_capturing():
             return raw  # no host sync inside a graph capture
@@ -224,7 +238,35 @@ def call_paged_scorer(
     kv = pool.view(pages, F.PAGE_SLOTS, 1, F.FP8_SLOT_BYTES)
     if scorer.name.startswith("deep_gemm"):
         return scorer.obj(q4, kv, w, seq.unsqueeze(-1), pt, deepgemm_metadata(seq), max_len, False).float()
+    # upstream's TileLang and torch scorers take 1-D lengths (the indexer keeps them so for them)
     return scorer.obj(q4, kv, w, seq, pt, None, max_len, False).float()
+
+
+def load_scorer(role: str) -> U.Loaded:
+    """The fp8 scorer of a platform role, as it can run on this machine: DeepGEMM's when a working
+    one imports, else the Triton fp8 twin standing in for it (named); TileLang's with sm_120's
+    lowering when this GPU is not an sm_120."""
+    from verify import platform as P
+
+    if role == "score_deepgemm":
+        try:
+            import deep_gemm
+
+            if not (getattr(deep_gemm, "IS_STUB", False) or getattr(deep_gemm, "IS_BF16K_STAND_IN", False)):
+                return U.Found(deep_gemm.fp8_paged_mqa_logits, "deep_gemm.fp8_paged_mqa_logits")
+        except Exception:  # noqa: BLE001, S110 -- absent or broken: the twin stands in
+            pass
+        twin = P.load("score_twin")
+        if isinstance(twin, U.Missing):
+            return twin
+        return U.Found(twin.obj, f"{twin.name} standing in for deep_gemm.fp8_paged_mqa_logits (DeepGEMM does not run here)")
+    got = P.load(role)
+    if role == "score_tilelang" and isinstance(got, U.Found):
+        from verify.recall.sm120 import force_mma_sync_lowering
+
+        if P.local_profile() != "sm120":
+            got = U.Found(got.obj, f"{got.name} [{force_mma_sync_lowering()}]")
+    return got
 
 
 def deepgemm_metadata(seq: torch.Tensor) -> torch.Tensor:
@@ -238,6 +280,7 @@ def deepgemm_metadata(seq: torch.Tensor) -> torch.Tensor:
     return deep_gemm.get_paged_mqa_logits_metadata(seq.unsqueeze(-1), F.PAGE_SLOTS, sms)
 
 
-def make_gpu_backend(faults: tuple[str, ...] = (), fp8_scorer: str = "auto", device: str | None = None) -> GpuBackend:
+def make_gpu_backend(faults: tuple[str, ...] = (), fp8_scorer: str = "auto", device: str | None = None,
+                     platform: str = "auto") -> GpuBackend:
     dev = torch.device(device or "cuda")
-    return GpuBackend(device=dev, faults=faults, fp8_scorer_choice=fp8_scorer)
+    return GpuBackend(device=dev, faults=faults, fp8_scorer_choice=fp8_scorer, platform=platform)

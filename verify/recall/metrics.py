@@ -119,6 +119,8 @@ def summarize(values: Iterable[float]) -> dict[str, float]:
 
 
 METRICS = ("recall_tie", "recall_strict", "mass")
+#: aggregated when the records carry them (synthetic problems do; a capture without q_rot not)
+OPTIONAL_METRICS = ("recall_tie_unq",)
 
 
 def aggregate(
@@ -135,6 +137,10 @@ def aggregate(
         entry: dict[str, object] = {arm_field: gkey[0], **dict(zip(keys, gkey[1:])), "rows": len(recs)}
         for m in METRICS:
             entry[m] = summarize(float(r[m]) for r in recs)  # type: ignore[arg-type]
+        for m in OPTIONAL_METRICS:
+            vals = [float(r[m]) for r in recs if r.get(m) is not None]  # type: ignore[arg-type]
+            if vals:
+                entry[m] = summarize(vals)
         entry["loss"] = 1.0 - entry["recall_tie"]["mean"]  # type: ignore[index]
         needles = [r for r in recs if r.get("needle_pos", -1) not in (-1, None)]
         entry["needles"] = len(needles)

@@ -157,6 +157,7 @@ def summary_markdown(
     diagnosis_line: str | None,
     files: Sequence[str],
     diagnosis_details: Sequence[str] = (),
+    gate_exact: GateResult | None = None,
 ) -> str:
     lines: list[str] = []
     lines.append("# Indexer recall (tier 2)\n")
@@ -165,6 +166,7 @@ def summary_markdown(
         f"{meta['rows']} rows x {len(arms)} arms, {meta['elapsed_s']:.1f} s.\n"
     )
     lines.append(f"## Gate (bf16 vs fp8): **{'PASS' if gate.passed else 'FAIL'}**\n")
+    lines.append(f"Against the {gate.oracle}.\n")
     for c in gate.conditions:
         lines.append(f"- {'ok' if c.passed else 'FAIL'} `{c.name}`: {c.detail}")
         for f in c.failures[:10]:
@@ -172,6 +174,12 @@ def summary_markdown(
         if len(c.failures) > 10:
             lines.append(f"  - ... {len(c.failures) - 10} more (results.json)")
     lines.append("")
+    if gate_exact is not None:
+        lines.append(f"Beside it, the same conditions against the {gate_exact.oracle} (reported, not gating): "
+                     f"**{'pass' if gate_exact.passed else 'fail'}**\n")
+        for c in gate_exact.conditions:
+            lines.append(f"- {'ok' if c.passed else 'fail'} `{c.name}`: {c.detail}")
+        lines.append("")
     if diagnosis_line:
         lines.append("## Diagnosis\n")
         lines.append(f"**{diagnosis_line}**\n")
@@ -205,6 +213,21 @@ def summary_markdown(
             keys = first.get("n_keys_max", "")
             lines.append(f"| {n:,} | {keys} | {rec} | {ratio} | {nd} |")
         lines.append("")
+        if any("recall_tie_unq" in e for e in per_length):
+            lines.append(f"Mean tie-aware recall, same-q oracle / exact-q oracle, index_topk={topk}:\n")
+            lines.append("| tokens | " + " | ".join(arms) + " |")
+            lines.append("|" + "---|" * (1 + len(arms)))
+            for n in lengths:
+                cells = []
+                for a in arms:
+                    e = by.get((a, topk, n))
+                    if e is None:
+                        cells.append("-")
+                        continue
+                    ex = e.get("recall_tie_unq")
+                    cells.append(f"{_fmt(e['recall_tie']['mean'])} / {_fmt(ex['mean']) if isinstance(ex, dict) else '-'}")  # type: ignore[index]
+                lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
+            lines.append("")
     lines.append("## Per depth (all lengths), mean tie-aware recall\n")
     depths = sorted({e["depth"] for e in per_depth}, key=lambda d: -1.0 if d is None else float(d))  # type: ignore[arg-type]
     byd = {(e["arm"], e["topk"], e["depth"]): e for e in per_depth}

@@ -6,10 +6,16 @@ Arms (``only key storage differs``: every arm and the oracle use the same produc
 * ``fp8``: keys through upstream's fp8 store, scored by the fp8 scorer (upstream default);
 * ``fp4sim``: keys through DeepSeek's fp4 QAT rounding, stored and scored as bf16 (noise floor);
 * ``fp8_emul`` (GPU only): the exact torch emulation of the fp8 path on the same inputs -- what a
-  correct fp8 path must reproduce; the diagnosis compares ``fp8`` against it.
+  correct fp8 path must reproduce; the diagnosis compares ``fp8`` against it;
+* ``bf16q``: the bf16 arm's keys scored with q *before* its fp8 rounding (bf16 q, unfolded head
+  weights), emulated: what the production fp8 q costs on top of the keys;
+* ``int8sim`` / ``fp8b32sim``: candidate formats with fp8's 132 bytes per key, emulated: int8
+  with one fp32 scale per key, and e4m3 with one power-of-two (ue8m0) scale per 32 values.
 
-Oracle: fp32 scores of the unrounded keys with the dequantized fp8 q. A second oracle with the
-unquantized fp32 q is recorded for information (``*_unq`` fields).
+Oracles: the *same-q* oracle scores the unrounded keys with the production fp8 q (dequantized) --
+every arm but ``bf16q`` uses that q, so it isolates what key storage costs (``recall_tie``, the
+gate's oracle); the *exact-q* oracle uses the unquantized fp32 q (``*_unq`` fields): what a user
+gets against the model's exact scores.
 """
 
 from __future__ import annotations
@@ -25,8 +31,13 @@ from .generator import Problem
 from .metrics import row_metrics
 from .scoring import SlotKeys, grouped_row_logits
 
-ARM_FORMAT: dict[str, str] = {"bf16": "bf16", "fp8": "fp8", "fp4sim": "bf16", "fp8_emul": "fp8"}
-BASE_ARMS = ("bf16", "fp8", "fp4sim")
+ARM_FORMAT: dict[str, str] = {"bf16": "bf16", "fp8": "fp8", "fp4sim": "bf16", "fp8_emul": "fp8",
+                              "bf16q": "bf16", "int8sim": "f32", "fp8b32sim": "bf16"}
+BASE_ARMS = ("bf16", "fp8", "fp4sim", "bf16q", "int8sim", "fp8b32sim")
+#: arms scored with the unquantized q (bf16-rounded) instead of the production fp8 q
+UNQ_Q_ARMS = ("bf16q",)
+#: arms whose pool is another arm's (same keys, different q)
+SHARED_POOL = {"bf16q": "bf16"}
 ROW_FIELDS = (
     "length_tokens",
     "tokens",
@@ -46,7 +57,8 @@ ROW_FIELDS = (
 
 
 def arm_keys(arm: str, keys: torch.Tensor) -> torch.Tensor:
-    return F.fp4_sim(keys) if arm == "fp4sim" else keys
+    sim = {"fp4sim": F.fp4_sim, "int8sim": F.int8_sim, "fp8b32sim": F.fp8_block32_sim}.get(arm)
+    return sim(keys) if sim is not None else keys
 
 
 def _ops(arm: str, backend: Backend, control: EmulationBackend | None) -> Backend:
@@ -63,6 +75,9 @@ def store_arms(
     slots = problem.written_slots
     keys = problem.keys_ref[slots]
     for arm in arms:
+        if arm in SHARED_POOL and SHARED_POOL[arm] in pools:
+            pools[arm] = pools[SHARED_POOL[arm]]
+            continue
         ops = _ops(arm, backend, control)
         pool = ops.new_pool(ARM_FORMAT[arm], problem.num_pages)
         ops.store(ARM_FORMAT[arm], pool, slots, arm_keys(arm, keys))
@@ -101,7 +116,8 @@ def run_problem(
     preset = preset or {}
     fmt_of = {**ARM_FORMAT, **{a: fmt for a, (fmt, _) in preset.items()}}
     t0 = time.perf_counter()
-    pools = store_arms(problem, backend, [a for a in arms if a not in preset], control)
+    ordered = sorted((a for a in arms if a not in preset), key=lambda a: a in SHARED_POOL)
+    pools = store_arms(problem, backend, ordered, control)
     pools.update({a: pool for a, (_, pool) in preset.items() if a in arms})
     sync(problem.keys_ref.device)
     t_store = time.perf_counter() - t0
@@ -112,6 +128,8 @@ def run_problem(
     qi = problem.queries
     has_unq = qi.q_rot is not None and qi.w_raw is not None
     w_unq = qi.w_raw.float() * qi.weight_scale if has_unq else None  # type: ignore[union-attr]
+    q_bf16 = qi.q_rot.to(torch.bfloat16) if has_unq else None  # type: ignore[union-attr]
+    arms = [a for a in arms if a not in UNQ_Q_ARMS or has_unq]
     records: list[dict[str, object]] = []
     t_score = 0.0
     t_oracle = 0.0
@@ -126,7 +144,12 @@ def run_problem(
         t_oracle += time.perf_counter() - t1
         t1 = time.perf_counter()
         logits = {
-            arm: _ops(arm, backend, control).score(fmt_of[arm], pools[arm], problem.q_fp8, problem.w, qidx, seq, pt)
+            arm: _ops(arm, backend, control).score(
+                fmt_of[arm], pools[arm],
+                q_bf16 if arm in UNQ_Q_ARMS else problem.q_fp8,  # type: ignore[arg-type]
+                w_unq if arm in UNQ_Q_ARMS else problem.w,  # type: ignore[arg-type]
+                qidx, seq, pt,
+            )
             for arm in arms
         }
         sync(oracle.device)
