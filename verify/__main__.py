@@ -2,9 +2,11 @@
 
 - ``--server URL [--baseline URL] ...``: the live tier (tier 3) against an OpenAI-compatible SGLang
   server; every option is ``python -m verify.live``'s.
-- otherwise: tier 1 kernel parity (needs a CUDA GPU; skipped with a note on a CPU machine) and
+- otherwise: tier 1 kernel parity (needs a CUDA GPU; skipped with a note on a CPU machine),
   tier 2 indexer recall with the fp8 diagnosis (production kernels on a GPU; exact emulation at
-  reduced sizes on a CPU), against the patched tree in ``sglang-upstream/``.
+  reduced sizes on a CPU), and with ``--tiers forward`` the forward tier (upstream's C4 indexer
+  forward; the dispatch probe alone on a CPU), against the patched tree in ``sglang-upstream/``.
+  ``--platform`` picks the GPU profile whose fp8 path tier 2 and the forward tier run.
 
 Results go to ``--out`` (default ``build/verify/<UTC time>``); the exit status is non-zero when
 any suite fails its gate.
@@ -56,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results folder (default build/verify/<time>)")
-    parser.add_argument("--tiers", nargs="+", choices=("1", "2"), default=["1", "2"])
+    parser.add_argument("--tiers", nargs="+", choices=("1", "2", "forward"), default=["1", "2"])
+    parser.add_argument("--platform", default="auto", help="GPU profile of the fp8 path: auto, sm90, sm100, sm120, hip")
     parser.add_argument("--backend", choices=("cpu", "gpu"), default=None, help="tier 2 backend (default: gpu if CUDA)")
     ns, rest = parser.parse_known_args(args)
     out = ns.out or ROOT / "build" / "verify" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -80,7 +83,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         from verify.recall.cli import main as recall_main
 
         backend = ns.backend or ("gpu" if gpu else "cpu")
-        codes["tier 2 recall"] = _run("tier 2 recall", recall_main, ["--out", str(out / "recall"), "--backend", backend, *rest])
+        codes["tier 2 recall"] = _run("tier 2 recall", recall_main,
+                                      ["--out", str(out / "recall"), "--backend", backend, "--platform", ns.platform, *rest])
+    if "forward" in ns.tiers:
+        from verify.forward.cli import main as forward_main
+
+        fargs = ["--out", str(out / "forward"), "--platform", ns.platform]
+        baseline = _baseline_tree(ROOT) if gpu else None
+        if baseline is not None:
+            fargs += ["--baseline-tree", str(baseline)]
+        code = _run("forward tier", forward_main, fargs)
+        if code == 3:  # no GPU: the dispatch probe ran; the scenarios are recorded for the H200
+            print(f"forward tier: scenarios need a CUDA GPU (the dispatch probe ran); the H200 run is in {RECORDED}/forward/")
+            code = 0
+        codes["forward tier"] = code
     print("\nverify_recall summary (" + str(out) + "):")
     for name, code in codes.items():
         print(f"  {name:<22} {'pass' if code == 0 else f'FAIL (exit {code})'}")

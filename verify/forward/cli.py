@@ -49,7 +49,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def run_probe(out: Path) -> list[dict[str, Any]]:
+def run_probe(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
     rows: list[probe_mod.Dispatch] = []
     errors: list[str] = []
     for profile in P.PROFILE_NAMES:
@@ -69,7 +69,7 @@ def run_probe(out: Path) -> list[dict[str, Any]]:
     print(probe_mod.table(rows))
     for e in errors:
         print("probe error:", e)
-    return data["dispatch"]
+    return data["dispatch"], errors
 
 
 def _baseline_worker(profile: str, quick: bool, out: Path) -> int:
@@ -149,13 +149,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _baseline_worker(P.resolve(args.platform[0]), args.quick, args.worker_baseline)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    run_probe(out)
+    _, probe_errors = run_probe(out)
     if args.probe_only:
-        return 0
+        return 2 if probe_errors else 0
     if not torch.cuda.is_available():
         print("forward tier: the scenarios run upstream's JIT kernels and need a CUDA GPU; the dispatch probe "
               f"above ran and is in {out}/dispatch.md. The H200 run is in verify/results/h200/forward/.")
-        return 3
+        return 2 if probe_errors else 3
     from .stand_ins import install_deep_gemm_stand_in
     from .tier import QUICK, Sizes, arm_specs, run_arm
 
@@ -190,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                    "sizes": asdict(sizes), "versions": _versions()}, indent=1, default=str))
     (out / "summary.md").write_text(summary_markdown(results, arms_meta, baseline))
     failed = any(r["status"] == "fail" for r in results) or any(b["status"] == "fail" for b in baseline.values())
-    errored = any(r["status"] == "error" for r in results) or any(b["status"] == "error" for b in baseline.values())
+    errored = (any(r["status"] == "error" for r in results) or any(b["status"] == "error" for b in baseline.values())
+               or bool(probe_errors))
     print((out / "summary.md").read_text())
     return 1 if failed else 2 if errored else 0
 

@@ -128,6 +128,9 @@ class Spies:
             def gather(*args: Any, **kwargs: Any) -> Any:
                 spies.gathers += 1
                 spies.calls.append(Call("gather_nonpaged", 0))
+                if spies.probe:  # the keys upstream would gather: their shapes, no kernel
+                    n, dev = int(kwargs["plan"].seq_len_sum), kwargs["plan"].page_table.device
+                    return (torch.zeros(n, 128, device=dev).to(torch.float8_e4m3fn), torch.zeros(n, device=dev))
                 return original_gather(*args, **kwargs)
 
             self._saved.append((backend, "_gather_nonpaged_index_k", original_gather))

@@ -171,7 +171,7 @@ class Arm:
         res.peak_mb = round(peak, 2)
         res.logits_mb = round(rows * width * 4 / 2**20, 2)
         key = f"{scenario}:{label}:{run}"
-        self.selections[key] = selected.cpu()
+        self.selections[key] = selected.sort(dim=1).values.cpu()  # the top-k's order is not part of its contract
         self.pool_digest[key] = hashlib.sha256(self.pool_buf.cpu().numpy().tobytes()).hexdigest()[:16]
         self.results.append(res)
         return res
@@ -248,7 +248,7 @@ class Arm:
             else:
                 res.detail += "; graph replay = eager (identical slots)"
             key = f"{scenario}:{label} step {s}:graph"
-            self.selections[key] = sel.cpu()
+            self.selections[key] = sel.sort(dim=1).values.cpu()
             self.results.append(res)
             out.append(res)
         return out
@@ -376,10 +376,12 @@ class Sizes:
     long: tuple[int, int] | None = (131072, 16384)
     mtp_prefill: int = 6000
     mtp_steps: int = 3
+    pd: int = 5200  # a multiple of 4: the decode steps after the transfer complete no window
 
 
 QUICK = Sizes(stale=600, chunked=(3002, 1024), oneshot=(2100,), boundaries=(2048,), residues=(1201, 1202),
-              chunk_sizes=(1024,), mixed_chunk=300, decode_steps=5, graph_steps=2, long=None, mtp_prefill=1500, mtp_steps=2)
+              chunk_sizes=(1024,), mixed_chunk=300, decode_steps=5, graph_steps=2, long=None, mtp_prefill=1500, mtp_steps=2,
+              pd=1200)
 
 
 def prefill(arm: Arm, scenario: str, req: Request, total: int, chunk: int | None) -> None:
@@ -412,6 +414,7 @@ def run_scenarios(arm: Arm, sizes: Sizes) -> None:
         r = rig.new_request(10 + i)
         prefill(arm, "oneshot", r, total, None)
         live.append(r)
+    pd_scenario(arm, sizes.pd)
     for total in sizes.boundaries:
         r = rig.new_request(30 + total)
         prefill(arm, "boundaries", r, total, None)
@@ -437,6 +440,39 @@ def run_scenarios(arm: Arm, sizes: Sizes) -> None:
         big = rig.new_request(77)
         prefill(arm, "long", big, sizes.long[0], sizes.long[1])
         arm.step("long", "decode", [big], [1], "decode")
+
+
+def pd_scenario(arm: Arm, total: int) -> None:
+    """Prefill on this arm, move the request's pages into a second server's pool (its own page
+    assignment) by upstream's PD buffer descriptors, check every page, then decode there."""
+    from dataclasses import replace
+
+    from . import pd
+
+    rig = arm.rig
+    src = rig.new_request(50)
+    prefill(arm, "pd", src, total, None)
+    recv = Arm(arm.applied, arm.spec, replace(rig.cfg, seed=rig.cfg.seed + 1))
+    try:
+        dst = recv.rig.new_request(50)
+        recv.rig.reserve(dst, total)
+        canary = [p for p in recv.rig.free_pages[:8]]
+        before = recv.pool_buf[canary].clone()
+        moved = pd.transfer(rig.pool, recv.rig.pool, src.pages, dst.pages)
+        cmp = pd.compare_indexer_pages(rig.pool, recv.rig.pool, src.pages, dst.pages, canary, before)
+        detail = (f"{moved.buffers} buffers x {moved.pages} pages by the PD descriptors (item sizes {moved.item_lens}): "
+                  f"{cmp.identical_pages}/{cmp.pages} indexer pages identical on the receiver"
+                  + ("" if cmp.first_bad_page is None else f", first wrong page {cmp.first_bad_page}")
+                  + f", canary pages {'untouched' if cmp.canaries_untouched else 'WRITTEN'}")
+        arm.results.append(StepResult(arm.applied.name, arm.spec.name, "pd", "eager", "transfer", f"{total} tokens",
+                                      "pass" if cmp.ok else "fail", [total], detail=detail))
+        dst.length = total
+        for s in range(2):
+            recv.step("pd", f"decode on the receiver {s}", [dst], [1], "decode")
+        arm.results += recv.results
+    finally:
+        recv.close()
+    rig.finish(src)
 
 
 def arm_specs(formats: tuple[str, ...] = ("bf16", "fp8"), compressors: tuple[str, ...] = ("fused", "unfused"),
