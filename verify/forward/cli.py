@@ -41,6 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--formats", nargs="+", choices=("bf16", "fp8"), default=["bf16", "fp8"])
     ap.add_argument("--compressors", nargs="+", choices=("fused", "unfused"), default=["fused", "unfused"])
     ap.add_argument("--no-mtp", action="store_true", help="skip the target-verify (MTP) arms")
+    ap.add_argument("--arms", nargs="+", default=None,
+                    help="run only these arms, e.g. fp8/fused bf16/fused fp8/fused/mtp2 (overrides the three above)")
     ap.add_argument("--quick", action="store_true", help="short lengths (no 131K request)")
     ap.add_argument("--probe-only", action="store_true")
     ap.add_argument("--baseline-tree", type=Path, default=None,
@@ -167,7 +169,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     baseline: dict[str, Any] = {}
     for profile in profiles:
         tilelang_note = _tilelang_for(profile)
-        for spec in arm_specs(tuple(args.formats), tuple(args.compressors), mtp=not args.no_mtp):
+        specs = arm_specs(tuple(args.formats), tuple(args.compressors), mtp=not args.no_mtp)
+        if args.arms:
+            specs = [sp for sp in arm_specs() if sp.name in args.arms]
+            unknown = set(args.arms) - {sp.name for sp in specs}
+            if unknown:
+                raise SystemExit(f"unknown arm(s) {sorted(unknown)}; known: {[sp.name for sp in arm_specs()]}")
+        for spec in specs:
             with P.applied(profile) as applied:
                 print(f"=== {profile} {spec.name}", flush=True)
                 arm = run_arm(applied, spec, sizes)
@@ -186,14 +194,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.baseline_tree is not None and spec.fmt == "fp8" and spec.compressor == "fused" and not spec.draft_tokens:
                 baseline[profile] = compare_with_baseline(arm, args.baseline_tree, profile, args.quick, out)
                 print(f"  flag off vs unpatched tree: {baseline[profile]['status']}: {baseline[profile]['detail']}", flush=True)
-    (out / "results.json").write_text(json.dumps({"arms": arms_meta, "steps": results, "baseline": baseline,
-                                                   "sizes": asdict(sizes), "versions": _versions()}, indent=1, default=str))
-    (out / "summary.md").write_text(summary_markdown(results, arms_meta, baseline))
+            # written after every arm: a run cut off at its time limit keeps what it measured
+            _write(out, arms_meta, results, baseline, sizes)
+    _write(out, arms_meta, results, baseline, sizes)
     failed = any(r["status"] == "fail" for r in results) or any(b["status"] == "fail" for b in baseline.values())
     errored = (any(r["status"] == "error" for r in results) or any(b["status"] == "error" for b in baseline.values())
                or bool(probe_errors))
     print((out / "summary.md").read_text())
     return 1 if failed else 2 if errored else 0
+
+
+def _write(out: Path, arms_meta: list[dict[str, Any]], results: list[dict[str, Any]], baseline: dict[str, Any], sizes: Any) -> None:
+    (out / "results.json").write_text(json.dumps({"arms": arms_meta, "steps": results, "baseline": baseline,
+                                                   "sizes": asdict(sizes), "versions": _versions()}, indent=1, default=str))
+    (out / "summary.md").write_text(summary_markdown(results, arms_meta, baseline))
 
 
 def _tilelang_for(profile: str) -> str | None:

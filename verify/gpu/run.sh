@@ -137,19 +137,23 @@ stage_tier2() {
   "$PY" -m verify --tiers 2 --out "$RES/verify" ${TIER2_ARGS:-}
 }
 
-stage_forward() {  # the forward tier: probe + every scenario (FORWARD_ARGS, e.g. "--quick --platform auto sm120")
+stage_forward() {  # the forward tier (FORWARD_ARGS, e.g. "--quick --platform auto sm120") into
+  # forward/$FORWARD_NAME (default: the platforms), so runs of several calls sit side by side
   with_tree
-  local base=""
-  baseline_tree && base="--baseline-tree $ROOT/build/upstream-baseline/python"
+  local base="" args=${FORWARD_ARGS:---platform auto sm120}
+  local name=${FORWARD_NAME:-$(echo "$args" | sed -n 's/.*--platform \([a-z0-9 ]*\).*/\1/p' | tr ' ' '-' | sed 's/-*$//')}
+  [ "${FORWARD_BASELINE:-1}" = 1 ] && baseline_tree && base="--baseline-tree $ROOT/build/upstream-baseline/python"
   # shellcheck disable=SC2086
-  "$PY" -m verify.forward --out "$RES/forward" $base ${FORWARD_ARGS:---platform auto sm120}
+  "$PY" -m verify.forward --out "$RES/forward/${name:-run}" $base $args
 }
 
-stage_diagnose() {  # per-platform fp8 diagnosis (DIAGNOSE_PLATFORMS, default "sm90 sm120")
+stage_diagnose() {  # per-platform fp8 diagnosis (DIAGNOSE_PLATFORMS, default "sm90 sm120"), with
+  # the forward tier's results of that platform when a forward stage wrote them
   with_tree
-  local p rc=0
+  local p rc=0 fwd
   for p in ${DIAGNOSE_PLATFORMS:-sm90 sm120}; do
-    "$PY" -m verify.recall.diagnose --backend gpu --platform "$p" --out "$RES/diagnose/$p" || rc=1
+    fwd=$(ls -d "$RES"/forward/*"$p"* 2>/dev/null | head -1)
+    "$PY" -m verify.recall.diagnose --backend gpu --platform "$p" --out "$RES/diagnose/$p" ${fwd:+--forward "$fwd"} || rc=1
   done
   return $rc
 }
@@ -178,7 +182,7 @@ for s in "${stages[@]}"; do
     install|setup|tests|tier1|tier1_read|tier2|forward|diagnose|bench|ncu)
       limit_var=TIMEOUT_$s
       export -f "stage_$s" with_tree deep_gemm_is_real baseline_tree
-      export ROOT RES LOGS SITE PY TIER2_ARGS BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS DIAGNOSE_PLATFORMS
+      export ROOT RES LOGS SITE PY TIER2_ARGS BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS
       timeout "${!limit_var:-$STAGE_TIMEOUT}" bash -c "stage_$s" > >(tee "$LOGS/$s.log") 2>&1; rc=$? ;;
     *) echo "unknown stage $s"; rc=2 ;;
   esac

@@ -52,6 +52,7 @@ from .generator import (
 )
 from .metrics import row_metrics
 from .scoring import calc_diff, mask_past_len, row_slots
+from .upstream import Found, Missing
 
 CALC_DIFF_BOUND = 5e-6
 
@@ -551,16 +552,13 @@ def run(backend: Backend, records: Sequence[Mapping[str, object]] = (), quick: b
     checks.append(_guard("bf16 scorer", backend.paths.get("score_bf16", "bf16 scorer"),
                          lambda: check_scorer("bf16", backend.paths.get("score_bf16", "bf16 scorer"), backend_score_fn(backend, "bf16"), case, False), fp8_path=False))
     if gpu and not emulated:
-        from . import upstream as U
-
-        twin = U.fp8_triton_twin()
         in_use = backend.paths.get("score_fp8", "")
-        if isinstance(twin, U.Found) and twin.name not in in_use:
-            checks.append(_guard("fp8 scorer", twin.name, lambda: check_scorer("fp8", twin.name, scorer_fn(twin, "fp8"), case, True)))
-        if "deep_gemm" not in in_use:
+        if not in_use.startswith("deep_gemm"):
             checks.append(check_deepgemm())
     checks.append(_guard("top-k selection", backend.paths.get("select", "top-k"), lambda: check_topk(backend, backend.paths.get("select", "top-k"))))
     checks += hazard_checks(backend)
+    if gpu and not emulated:
+        checks += other_scorer_checks(backend, case)
     if gpu:
         for fmt in ("fp8", "bf16"):
             label = backend.paths.get(f"score_{fmt}", fmt) + " + " + backend.paths.get("select", "top-k")
@@ -570,6 +568,44 @@ def run(backend: Backend, records: Sequence[Mapping[str, object]] = (), quick: b
         checks.append(check_end_to_end(records))
     agree = [float(r["agree_bf16"]) for r in choosing(records, "fp8") if r.get("agree_bf16") is not None]  # type: ignore[arg-type]
     return Diagnosis(verdict(checks, records, emulated, backend.faults), checks, emulated, _mean(agree) if agree else None)
+
+
+OTHER_FP8_SCORERS = ("score_tilelang", "score_torch_sm120", "score_torch", "score_deepgemm")
+
+
+def other_scorer_checks(backend: Backend, case: ScoreCase) -> list[Check]:
+    """Every fp8 scorer upstream has for CUDA (not only the profile's), each against its oracle and
+    then through the profile's top-k over the hazard case: reported, not part of the verdict."""
+    from . import hazards as H
+    from .gpu_backend import call_paged_scorer, load_scorer
+
+    out: list[Check] = []
+    in_use = backend.paths.get("score_fp8", "")
+    for role in OTHER_FP8_SCORERS:
+        got = load_scorer(role)
+        if isinstance(got, Missing):
+            out.append(Check("other fp8 scorer", role, "skipped", got.reason, False))
+            continue
+        if got.name == in_use:
+            continue
+        if got.name.startswith("deep_gemm"):  # a real DeepGEMM runs only in the isolated probe below
+            continue
+        out.append(_guard("other fp8 scorer", got.name, lambda got=got: check_scorer("fp8", got.name, scorer_fn(got, "fp8"), case, False), False))
+
+        def hazards(got: Found = got) -> Check:
+            res = H.check_scorer_then_topk(
+                "fp8",
+                store=lambda pool, slots, keys: backend.store("fp8", pool, slots, keys),
+                new_pool=lambda n: backend.new_pool("fp8", n),
+                score=lambda pool, q8, w, seq, pt: call_paged_scorer(got, "fp8", pool, q8, w, seq, pt),
+                select=backend.select,
+                quantize_q=lambda q, w: F.quantize_q(q, w, 1.0),
+                device=backend.device,
+            )
+            return Check("other fp8 scorer then top-k (hazards)", got.name, "pass" if res["ok"] else "fail", str(res["detail"]), False, res)
+
+        out.append(_guard("other fp8 scorer then top-k (hazards)", got.name, hazards, False))
+    return out
 
 
 def hazard_checks(backend: Backend) -> list[Check]:

@@ -215,7 +215,28 @@ C4_JIT_BUILDS = {
                                         "_jit_main_q_indexer_rope_hadamard_quant_module(torch.bfloat16)"),
     "top-k v1": ("sglang.kernels.ops.attention.dsv4.topk", "_jit_topk_v1_module()"),
 }
-TARGETS_JIT = {"sm_90a": (9, 0, "a"), "sm_120f": (12, 0, "f")}
+TARGETS_JIT = {"sm_90a": (9, 0, "a"), "sm_120f": (12, 0, "f"), "sm_90a+sm120-macros": (9, 0, "a")}
+BLACKWELL_DEFINE = "#define SGL_ARCH_BLACKWELL_OR_GREATER ((SGL_CUDA_ARCH >= 1000) && (CUDA_VERSION >= 12090))"
+
+
+def _shadow_utils(keep: str) -> str:
+    """An include folder whose ``sgl_kernel/utils.cuh`` is upstream's with the Blackwell switch
+    at sm_120's value (1): searched first (NVCC_PREPEND_FLAGS), it builds sm_120's macro
+    choices for sm_90, so that variant can run on a Hopper GPU."""
+    from pathlib import Path
+
+    from verify import platform as P
+
+    root = P.sglang_root()
+    assert root is not None
+    text = (root / "kernels/jit/include/sgl_kernel/utils.cuh").read_text()
+    if BLACKWELL_DEFINE not in text:
+        raise RuntimeError("upstream's utils.cuh no longer defines SGL_ARCH_BLACKWELL_OR_GREATER as expected")
+    shadow = Path(keep) / "shadow"
+    (shadow / "sgl_kernel").mkdir(parents=True, exist_ok=True)
+    (shadow / "sgl_kernel/utils.cuh").write_text(
+        text.replace(BLACKWELL_DEFINE, "#define SGL_ARCH_BLACKWELL_OR_GREATER 1  // bf16k: sm_120's value"))
+    return str(shadow)
 
 
 def _worker_build(kernel: str, target: str, keep: str) -> None:
@@ -225,6 +246,8 @@ def _worker_build(kernel: str, target: str, keep: str) -> None:
     import torch
 
     os.environ["NVCC_APPEND_FLAGS"] = f"--keep --keep-dir {keep}"
+    if target.endswith("+sm120-macros"):
+        os.environ["NVCC_PREPEND_FLAGS"] = f"-I{_shadow_utils(keep)}"
     from sglang.kernels.jit.utils.arch import override_jit_cuda_arch
     from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
 
@@ -311,8 +334,14 @@ def compare_builds(kernel: str, workdir: Any) -> dict[str, Any]:
     from pathlib import Path
 
     built = {t: compile_kernel(kernel, t, workdir) for t in TARGETS_JIT}
+    variant = built.pop("sm_90a+sm120-macros")
     src = {t: kernel_source_lines(next(Path(d).glob("*.cpp1.ii")).read_text()) for t, d in built.items()}
     ptx = {t: next(Path(d).glob("*.ptx")) for t, d in built.items()}
+
+    def body(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines() if not line.lstrip().startswith("//")]
+
+    variant_same = body(next(Path(variant).glob("*.ptx"))) == body(ptx["sm_90a"])
     ops = {t: ptx_opcodes(p.read_text()) for t, p in ptx.items()}
     def changed(a: list[str], b: list[str]) -> list[str]:
         return [line for line in difflib.unified_diff(a, b, lineterm="", n=0)
@@ -325,15 +354,26 @@ def compare_builds(kernel: str, workdir: Any) -> dict[str, Any]:
     norm = {t: [re.sub(r"\b(900|1200)\b", "ARCH", line) for line in v] for t, v in src.items()}
     code_paths = changed(norm["sm_90a"], norm["sm_120f"])
     only = {a: sorted(set(ops[a]) - set(ops[b])) for a, b in (("sm_90a", "sm_120f"), ("sm_120f", "sm_90a"))}
+    # inline-asm instructions only one target's preprocessed source contains, and whether that
+    # target's PTX actually carries them (a header defines them; a kernel may never call them)
+    asm = {}
+    for line in code_paths:
+        for mnemonic in re.findall(r'asm\("\s*([a-z][\w.]*)', line):
+            target = "sm_120f" if line.startswith("+") else "sm_90a"
+            asm[mnemonic] = {"target": target, "emitted": mnemonic in ops[target]}
     return {
         "kernel": kernel,
         "source_lines": {t: len(v) for t, v in src.items()},
         "source_diff": diff[:200],
         "source_identical": not diff,
         "code_path_diff": code_paths[:200],
+        "code_path_asm": asm,
         "arch_valued_lines": [line for line in diff if re.search(r"\b(900|1200)\b", line)][:50],
         "ptx_ops_only_in": only,
         "resources": {t: ptxas_usage(p, t) for t, p in ptx.items()},
+        # sm_120's macro choices compiled for sm_90: identical PTX means the kernel the H200 runs
+        # is, instruction for instruction, the sm_120 source variant (only codegen differs)
+        "sm120_macros_on_sm90_same_ptx": variant_same,
     }
 
 
@@ -355,11 +395,16 @@ def report_markdown(result: dict[str, Any]) -> str:
             continue
         res = {t: ", ".join(f"{r.get('registers', '?')} regs / {r.get('smem_bytes', '?')} B smem / "
                                f"{r.get('spill_stores', 0)} B spill" for r in v) for t, v in k["resources"].items()}
+        asm = k.get("code_path_asm", {})
+        emitted = [m for m, a in asm.items() if a["emitted"]]
         paths = ("the same code paths" if not k["code_path_diff"] else
-                 f"{len(k['code_path_diff'])} lines of code chosen differently by #if (first: {k['code_path_diff'][:2]})")
+                 f"{len(k['code_path_diff'])} lines of code chosen differently by #if (inline asm "
+                 f"{sorted(asm) or 'none'}; emitted in the PTX: {emitted or 'none'})")
         consts = [line for line in k["arch_valued_lines"] if "static_assert" not in line and "ARCH mismatch" not in line]
         src = (f"{paths}; arch-valued constants: {consts[:3] or 'none besides the arch static_assert'}")
-        lines.append(f"- **{k['kernel']}**: {src}; PTX instructions only on sm_90a {k['ptx_ops_only_in']['sm_90a'][:8]}, "
+        variant = ("sm_120's macro choices built for sm_90 give byte-identical PTX"
+                   if k.get("sm120_macros_on_sm90_same_ptx") else "sm_120's macro choices built for sm_90 give DIFFERENT PTX")
+        lines.append(f"- **{k['kernel']}**: {src}; {variant}; PTX instructions only on sm_90a {k['ptx_ops_only_in']['sm_90a'][:8]}, "
                      f"only on sm_120f {k['ptx_ops_only_in']['sm_120f'][:8]}; ptxas sm_90a: {res['sm_90a']}; "
                      f"sm_120f: {res['sm_120f']}")
     lines.append("")

@@ -112,6 +112,12 @@ def _component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forwa
     bchecks = _checks(diag, "bf16 index-K store", "bf16 scorer", "bf16 scorer then top-k (hazards)")
     lines.append(Line("bf16 path (the series)", _status(bchecks, bok),
                       "; ".join([f"{c.status}: {c.detail}" for c in bchecks] + [bev])))
+    others = _checks(diag, "other fp8 scorer", "other fp8 scorer then top-k (hazards)")
+    if others:
+        ran = [c for c in others if c.status != "skipped"]
+        lines.append(Line("other fp8 scorers upstream has (not this platform's; reported)",
+                          "fail" if any(c.status == "fail" for c in ran) else "pass" if ran else "not run",
+                          "; ".join(f"{c.status}: {c.kernel}: {c.detail}" for c in others)))
     local = P.local_profile()
     if profile != local:
         lines.append(Line(f"{profile} hardware itself", "unsettled", unsettled(profile)))

@@ -1,0 +1,241 @@
+"""Every figure a user reads, generated from the committed results.
+
+README.md and the results READMEs hold blocks between ``<!-- figures:NAME -->`` and
+``<!-- /figures:NAME -->``; this module renders each block from the artifacts under
+``verify/results/`` (the tier-2 recall, the forward tier, the per-platform diagnosis, tier-1
+parity, the sm_120 comparison). ``python -m verify.figures --write`` refreshes them after a new
+run; ``--check`` (a test runs it) fails when a block differs from what its artifact says. A block
+whose artifact is missing says so: it is never filled by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "verify/results"
+H200 = f"{RESULTS}/h200"
+DOCS = ("README.md", f"{H200}/README.md")
+BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.DOTALL)
+
+TIER2_LENGTHS = (4509, 22597, 131072)
+TIER2_ARMS = (
+    ("bf16", "bf16 keys (series)"),
+    ("fp8", "fp8 keys (upstream)"),
+    ("fp4sim", "fp4-sim (QAT format)"),
+    ("bf16q", "bf16 keys, bf16 q"),
+    ("int8sim", "int8 + fp32 scale (132 B)"),
+    ("fp8b32sim", "e4m3 + per-32 ue8m0 (132 B)"),
+)
+
+
+def _load(root: Path, rel: str) -> Any:
+    path = root / rel
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def _missing(rel: str, command: str) -> str:
+    return f"_Not measured yet: `{rel}` is missing (produce it with `{command}`)._\n"
+
+
+def tier2(root: Path) -> str:
+    rel = f"{H200}/recall/results.json"
+    res = _load(root, rel)
+    if res is None:
+        return _missing(rel, "verify/gpu/run.sh setup tier2")
+    by = {(e["arm"], e["topk"], e["length_tokens"]): e for e in res["per_length"]}
+    arms = [(a, label) for a, label in TIER2_ARMS if any(k[0] == a for k in by)]
+    lengths = [n for n in TIER2_LENGTHS if ("bf16", 512, n) in by]
+    exact = any("recall_tie_unq" in e for e in res["per_length"])
+    lines = ["| tokens | " + " | ".join(label for _, label in arms) + " |", "|---" * (1 + len(arms)) + "|"]
+    for n in lengths:
+        cells = []
+        for a, _ in arms:
+            e = by.get((a, 512, n))
+            if e is None:
+                cells.append("-")
+                continue
+            same = f"{e['recall_tie']['mean']:.4f}"
+            cells.append(f"{same} / {e['recall_tie_unq']['mean']:.4f}" if exact and "recall_tie_unq" in e else same)
+        lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    gate = res["gate"]
+    needle = next(c for c in gate["conditions"] if c["name"] == "needle")
+    hits = re.search(r"(\d+)/(\d+)", needle["detail"])
+    fp8_g = [e for k, e in by.items() if k[0] == "fp8"]
+    fp8_hits = sum(e["gated_hits"] for e in fp8_g), sum(e["gated_needles"] for e in fp8_g)
+    platform = res["config"].get("platform", "auto (before platform profiles: upstream's torch fp8 fallback)")
+    out = [
+        (f"Tie-aware top-512 recall, {'same-q / exact-q oracle' if exact else 'same-q oracle'} "
+        f"({res['versions'].get('device', '?')}, fp8 path of platform `{platform}`: "
+        f"`{res['backend']['paths'].get('score_fp8', '?').split(' (')[0]}`; source `{rel}`):"),
+        "",
+        *lines,
+        "",
+        (f"Gate ({gate.get('oracle', 'same-q oracle')}): **{'PASS' if gate['passed'] else 'FAIL'}**; bf16 keeps "
+        f"{hits.group(1) if hits else '?'}/{hits.group(2) if hits else '?'} needles the oracle keeps with >= 1% margin, "
+        f"fp8 {fp8_hits[0]}/{fp8_hits[1]}."),
+    ]
+    ge = res.get("gate_exact_q")
+    if ge:
+        failed = [c["name"] for c in ge["conditions"] if not c["passed"]]
+        out.append(f"Against the exact-q oracle the same conditions {'hold' if ge['passed'] else 'fail (' + ', '.join(failed) + ')'}"
+                   " (reported, not gating).")
+    return "\n".join(out) + "\n"
+
+
+def _forward_results(root: Path) -> tuple[str, dict[str, Any] | None]:
+    """Every forward-tier run under h200/forward/*/ merged (one folder per device call)."""
+    runs = sorted((root / H200 / "forward").glob("*/results.json"))
+    if not runs:
+        return f"{H200}/forward/<run>/results.json", None
+    merged: dict[str, Any] = {"arms": [], "steps": [], "baseline": {}, "versions": {}}
+    for path in runs:
+        res = json.loads(path.read_text())
+        merged["arms"] += res["arms"]
+        merged["steps"] += res["steps"]
+        merged["baseline"].update(res.get("baseline", {}))
+        merged["versions"] = res.get("versions", {})
+    return ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in runs), merged
+
+
+def forward(root: Path) -> str:
+    rel, res = _forward_results(root)
+    if res is None:
+        return _missing(rel, "verify/gpu/run.sh setup forward")
+    rows = ["| profile | arm | steps passed | scorer | top-k | min same-input agreement | mean exact-oracle recall | peak MiB |",
+            "|---|---|---|---|---|---|---|---|"]
+    for meta in res["arms"]:
+        steps = [s for s in res["steps"] if s["profile"] == meta["profile"] and s["arm"] == meta["arm"]]
+        sel = [x for s in steps for x in s["selection"]]
+        same = min((x["numbers"]["min_recall_same_input"] for x in sel), default=float("nan"))
+        exact = sum(x["recall_exact"] for x in sel) / len(sel) if sel else float("nan")
+        peak = max((s["peak_mb"] or 0 for s in steps), default=0)
+        passed = sum(s["status"] == "pass" for s in steps)
+        rows.append(f"| {meta['profile']} | {meta['arm']} | {passed}/{len(steps)} | {', '.join(meta['scorers'])} | "
+                    f"{', '.join(meta['topks'])} | {same:.4f} | {exact:.4f} | {peak:.0f} |")
+    base = "; ".join(f"{p}: {b['status']} ({b['detail']})" for p, b in res.get("baseline", {}).items()) or "not run"
+    return (f"Source {rel} ({res['versions'].get('gpu', '?')}); scenarios: {', '.join(sorted({s['scenario'] for s in res['steps']}))}.\n\n"
+            + "\n".join(rows) + f"\n\nFlag off vs the unpatched tree: {base}.\n")
+
+
+def diagnosis(root: Path) -> str:
+    parts = []
+    for profile in ("sm90", "sm100", "sm120"):
+        rel = f"{H200}/diagnose/{profile}/diagnosis.json"
+        res = _load(root, rel)
+        if res is None:
+            continue
+        parts.append(f"**{profile}** (`{rel}`):\n")
+        for c in res["components"]:
+            parts.append(f"- {c['status']}: {c['component']}")
+        parts.append("")
+    if not parts:
+        return _missing(f"{H200}/diagnose/<profile>/diagnosis.json", "verify/gpu/run.sh setup diagnose")
+    return "\n".join(parts)
+
+
+def parity(root: Path) -> str:
+    out = []
+    for name in ("store", "read"):
+        rel = f"{H200}/parity/{name}.json"
+        res = _load(root, rel)
+        if res is None:
+            out.append(f"- {name}: " + _missing(rel, "verify/gpu/run.sh setup tier1").strip())
+            continue
+        results = res["results"]
+        passed = sum(1 for r in results if r.get("status") == "pass")
+        out.append(f"- {name} parity: {passed}/{len(results)} checks pass (`{rel}`)")
+    return "\n".join(out) + "\n"
+
+
+def sm120(root: Path) -> str:
+    rel = f"{RESULTS}/sm120/sm120.json"
+    res = _load(root, rel)
+    if res is None:
+        return _missing(rel, "python -m verify.recall.sm120 --out verify/results/sm120")
+    out = []
+    tl = res.get("tilelang")
+    if tl:
+        out.append(f"- TileLang scorer: sm_120's CUDA source {'is byte-identical to' if tl['sm_120_equals_sm_90a_no_wgmma'] else 'DIFFERS from'}"
+                   " the sm_90 mma.sync variant the H200 runs for the sm120 profile")
+    for k in res["jit"]:
+        if "error" in k:
+            out.append(f"- {k['kernel']}: not compared ({k['error'][:120]})")
+            continue
+        regs = {t: "/".join(str(r.get("registers", "?")) for r in v) for t, v in k["resources"].items()}
+        emitted = [m for m, a in k.get("code_path_asm", {}).items() if a["emitted"]]
+        paths = ("same code paths" if not k["code_path_diff"] else
+                 f"{len(k['code_path_diff'])} header lines chosen differently by #if, "
+                 + (f"emitting {emitted}" if emitted else "none of them in the kernel's PTX"))
+        variant = ("sm_120's macro choices built for sm_90: the same PTX" if k.get("sm120_macros_on_sm90_same_ptx")
+                   else "sm_120's macro choices built for sm_90: DIFFERENT PTX")
+        out.append(f"- {k['kernel']}: {paths}; {variant}; registers sm_90a {regs['sm_90a']}, sm_120f {regs['sm_120f']}")
+    return f"Source `{rel}` (nvcc and TileLang, no GPU):\n\n" + "\n".join(out) + "\n"
+
+
+GENERATORS: dict[str, Callable[[Path], str]] = {
+    "tier2": tier2,
+    "forward": forward,
+    "diagnosis": diagnosis,
+    "parity": parity,
+    "sm120": sm120,
+}
+
+
+def render(text: str, root: Path = ROOT, generators: Mapping[str, Callable[[Path], str]] = GENERATORS) -> tuple[str, list[str]]:
+    """``text`` with every known block regenerated; also the names of unknown blocks."""
+    unknown: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(2)
+        if name not in generators:
+            unknown.append(name)
+            return m.group(0)
+        return m.group(1) + generators[name](root) + m.group(4)
+
+    return BLOCK.sub(sub, text), unknown
+
+
+def check(root: Path = ROOT, docs: Sequence[str] = DOCS) -> list[str]:
+    """Problems: blocks that differ from their artifacts, unknown blocks, docs without blocks."""
+    problems = []
+    for doc in docs:
+        path = root / doc
+        text = path.read_text()
+        new, unknown = render(text, root)
+        problems += [f"{doc}: unknown figures block {u!r}" for u in unknown]
+        if not BLOCK.search(text):
+            problems.append(f"{doc}: no figures block")
+        for m_old, m_new in zip(BLOCK.finditer(text), BLOCK.finditer(new)):
+            if m_old.group(3) != m_new.group(3):
+                problems.append(f"{doc}: block {m_old.group(2)!r} differs from its artifact")
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m verify.figures", description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="rewrite the blocks in place")
+    args = ap.parse_args(argv)
+    if args.write:
+        for doc in DOCS:
+            path = ROOT / doc
+            new, unknown = render(path.read_text())
+            path.write_text(new)
+            for u in unknown:
+                print(f"{doc}: unknown block {u!r} left as it is")
+        return 0
+    problems = check()
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
