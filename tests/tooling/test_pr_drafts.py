@@ -202,3 +202,19 @@ def test_newest_carried_series_is_the_one_drafted(two_patch_product: Product) ->
     assert "sglang 0.5.23: the newest carried series (`series/next/0.5.23/`; the pin is 0.5.21)" in cover
     assert "not checked here (the upstream tree is not set up" in cover
     assert "not recorded for this release" in cover
+
+
+def test_motivation_quotes_fp8_precision_from_the_recall_artifact(tmp_path):
+    from bf16k import prdrafts
+
+    assert "not yet measured" in prdrafts.precision_sentence(tmp_path)
+    art = tmp_path / prdrafts.RECALL_ARTIFACT
+    art.parent.mkdir(parents=True)
+    rows = [{"arm": "fp8", "topk": 512, "n_keys_max": 1127, "loss": 0.0068},
+            {"arm": "fp8", "topk": 512, "n_keys_max": 32768, "loss": 0.0135},
+            {"arm": "fp8", "topk": 512, "n_keys_max": 84, "loss": 0.0},  # the indexer does not choose
+            {"arm": "bf16", "topk": 512, "n_keys_max": 1127, "loss": 0.0006}]
+    art.write_text(__import__("json").dumps({"per_length": rows}))
+    sentence = prdrafts.precision_sentence(tmp_path)
+    assert "0.68-1.35% of the top-512" in sentence and prdrafts.RECALL_ARTIFACT in sentence
+    assert sentence in prdrafts.field_report(tmp_path)
