@@ -76,3 +76,79 @@ def test_ncu_report_refuses_a_misaligned_export(tmp_path: Path) -> None:
     (tmp_path / "launches.json").write_text(json.dumps(swapped))
     with pytest.raises(SystemExit, match="launches.json expects '_fp8_paged_mqa_logits_twin_kernel'"):
         ncu_probe.report(tmp_path)
+
+
+def test_readme_speed_section_is_the_committed_artifacts() -> None:
+    """Every figure in README's speed section comes from verify/results/h200/bench/ through
+    verify.bench.report: after a bench run, `python -m verify.bench.report --write`."""
+    from verify.bench import report
+
+    readme = report.README.read_text()
+    block = report.render(report.load())
+    assert report.BEGIN in readme and report.END in readme
+    assert report.splice(readme, block) == readme, (
+        "README.md's speed section differs from the committed bench artifacts; "
+        "run `python -m verify.bench.report --write`"
+    )
+    assert report.main(["--results", str(report.RESULTS)]) == 0
+
+
+def test_speed_report_renders_a_new_run(tmp_path: Path) -> None:
+    """The bench's own output format (write_outputs) through the report: MTP, wide outputs as
+    the indexer calls them, long prefill and the targets; a missing section says so."""
+    from verify.bench import read as bench
+    from verify.bench import report
+    from verify.bench.read_scenarios import LongPrefillResult, MtpResult, prefill_floors
+
+    def shape(rows: int, keys: int, width: int = 0, **timings: float) -> bench.ShapeResult:
+        r = bench.ShapeResult(
+            shape={"mode": "decode", "rows": rows, "keys": keys, "width": width},
+            key_bytes_bf16=rows * keys * 256,
+            key_bytes_fp8=rows * keys * 132,
+            unique_key_bytes_bf16=rows * keys * 256,
+            peak_extra_bytes={"bf16": 1000, "logits": 1000},
+        )
+        for name, ms in timings.items():
+            setattr(r, name, bench.Timing(name, ms=ms))
+        return r
+
+    results = [
+        shape(8, 32768, bf16_default=0.0159, fp8_best=0.0150, gather=0.2),  # 88% of 4.8 TB/s
+        shape(64, 131072, bf16_default=0.5, fp8_best=0.3),
+        shape(8, 2048, 131072, bf16_default=0.009, bf16_default_lean=0.006, bf16_best_split_lean=0.0055),
+    ]
+    mtp = [
+        MtpResult(64, 32768, 2, 64 * 32768 * 256, one_row={"ms": 0.14}, grouped={"ms": 0.15},
+                  ungrouped={"ms": 0.28}, fp8={"ms": 0.19})
+    ]
+    lengths = [max(1, (p + 1) // 4) for p in range(8192)]
+    long = [
+        LongPrefillResult(
+            8192, 2048, 8192,
+            arms={"bf16": {"ms": 3.0}, "bf16_grouped[2]": {"ms": 2.0}, "fp8_twin": {"ms": 1.8}},
+            floors=prefill_floors(lengths, 2048, 64),
+            dispatch_arm="bf16_grouped[2]",
+        )
+    ]
+    bench.write_outputs(tmp_path, {"gpu": "NVIDIA H200", "triton": "3.6.0"}, results, mtp, long)
+    text = report.render(report.load(tmp_path))
+    assert "| 8 x 32,768 | 15.9 | 88 | 1.06 |" in text
+    assert "| 8 x 2,048 in 131,072 | 6.0 | 5.5 | 1.09 | 9.0 |" in text
+    assert "| 64 x 32,768, 2 | 140.0 | 150.0 | 1.07 | 280.0 | 190.0 |" in text
+    assert "| 8,192 | 2.00 | 3.00 | 1.80 |" in text
+    assert "MTP verify (grouped) <= 1.15x one row per request: 1/1 (max 1.07x)" in text
+    assert "within 1.2x of the best fixed split: 1/1 (max 1.09x)" in text
+    assert "at >= 88% of 4.8 TB/s: 1/2 shapes" in text
+    assert "1/1 against the fp8 twin (max 1.11x)" in text
+    assert "| 1 x 8,192 | not measured |" in text  # a shape the run lacks
+    # Without the new sections the report says what is missing and how to measure it.
+    bench.write_outputs(tmp_path, {"gpu": "x"}, results[:2])
+    bare = report.render(report.load(tmp_path))
+    assert "MTP verify rows (several rows per request): not measured" in bare
+    assert "long prefill within 1.2x of upstream's fp8 prefill path: not measured" in bare
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.BEGIN}\nstale\n{report.END}\noutro\n")
+    assert report.main(["--results", str(tmp_path), "--readme", str(readme)]) == 1
+    assert report.main(["--results", str(tmp_path), "--readme", str(readme), "--write"]) == 0
+    assert report.main(["--results", str(tmp_path), "--readme", str(readme)]) == 0
+    assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("outro\n")

@@ -10,6 +10,7 @@ Needs the patched upstream on the path:
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -279,6 +280,11 @@ def test_parity_suite_smoke_on_cpu(tmp_path) -> None:  # type: ignore[no-untyped
     assert code == 0, statuses
     assert statuses["cuda_graph"] == "skip" and statuses["extra_memory"] == "skip"
     assert statuses["oracle[q=fp8,H=32]"] == "pass" and statuses["fp8_twin_vs_upstream_torch"] == "pass"
+    # The kernel's group mode (MTP verify rows) and clean_logits, interpreted.
+    for name in ("group_rows[G=2]", "group_rows[G=4]", "group_rows_prefill", "clean_logits"):
+        assert statuses[name] == "pass", name
+    clean = next(r for r in payload["results"] if r["name"] == "clean_logits")["details"]
+    assert clean["plain_positions_left_unwritten"] > 0 and clean["groups_of_2_positions_left_unwritten"] > 0
 
 
 def test_read_kernels_compile_for_sm90() -> None:
@@ -301,5 +307,78 @@ def test_read_kernels_compile_for_sm90() -> None:
         pytest.skip("patched upstream not on PYTHONPATH")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
-    assert len(lines) == 3 and all("wgmma=True" in line for line in lines)
-    assert all("loop async_wait=[2," in line for line in lines), proc.stdout
+    # Every variant production launches (decode length-aware with and without the tail fill,
+    # MTP groups of 2 and 4, prefill plain and grouped), bf16 q, and the fp8 twin.
+    assert len(lines) == 8, proc.stdout
+    assert all("wgmma=True" in line and "spill_bytes=0" in line for line in lines), proc.stdout
+    assert all(re.search(r"loop async_wait=\[[12],", line) for line in lines), proc.stdout
+    assert sum("MTP verify" in line for line in lines) == 2 and sum("prefill" in line for line in lines) == 2
+
+
+def test_prefill_floors_by_hand() -> None:
+    from verify.bench.read_scenarios import BF16_PEAK_FLOPS, FP8_PEAK_FLOPS, prefill_floors
+
+    lengths = [1, 2, 3, 4]
+    f = prefill_floors(lengths, keys=4, heads=64)
+    flops = 2 * 64 * 128 * 10
+    assert f["flops"] == flops
+    q = 4 * 64 * (128 + 4)
+    assert f["fp8_nonpaged_bytes"] == q + 3 * 4 * 132 + 4 * 10
+    assert f["bf16_bytes"] == q + 4 * 256 + 4 * 10
+    assert f["fp8_nonpaged_compute_ms"] == pytest.approx(flops / FP8_PEAK_FLOPS * 1e3)
+    assert f["bf16_compute_ms"] == pytest.approx(2 * f["fp8_nonpaged_compute_ms"] * FP8_PEAK_FLOPS / BF16_PEAK_FLOPS / 2)
+    assert f["fp8_nonpaged_ms"] == max(f["fp8_nonpaged_memory_ms"], f["fp8_nonpaged_compute_ms"])
+    # A 128K-token prefill is compute bound: the floor is the MMA work, not the bytes.
+    big = prefill_floors([max(1, (p + 1) // 4) for p in range(131072)], keys=32768, heads=64)
+    assert big["fp8_nonpaged_compute_ms"] > big["fp8_nonpaged_memory_ms"]
+    assert big["bf16_ms"] == pytest.approx(2 * big["fp8_nonpaged_ms"], rel=0.01)
+
+
+def test_verify_rows_share_the_request_table() -> None:
+    from verify.bench.read_scenarios import expand_to_verify_rows
+
+    base = make_read_case([200, 64, 1], heads=32, seed=3)
+    rows = expand_to_verify_rows(base, 2, seed=4)
+    assert rows.rows == 6 and rows.pool is base.pool
+    assert torch.equal(rows.page_table[0::2], base.page_table) and torch.equal(rows.page_table[1::2], base.page_table)
+    assert rows.seq_lens.tolist() == [199, 200, 63, 64, 1, 1]  # causal, a key per 4 tokens
+
+
+@requires_interpreter
+def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The MTP and long-prefill benches' own code, each arm run once through the real kernels
+    (interpreted) instead of timed; their results, tables and files."""
+    from types import SimpleNamespace
+
+    from verify.bench import read as bench
+    from verify.bench import read_scenarios as sc
+
+    module = _upstream("kernel")
+    if not getattr(module, "_INTERPRETED", False):
+        pytest.skip("kernel module was imported before TRITON_INTERPRET=1 was set")
+    ran: list[tuple[str, int]] = []
+
+    def run_once(label: str, calls, args, config=None):  # type: ignore[no-untyped-def]
+        calls[0]()
+        calls[-1]()  # the last replica's tables address the last copy of the keys
+        ran.append((label, len(calls)))
+        return bench.Timing(label, ms=0.001 * (len(ran) + 1), config=config or {})
+
+    # Upstream's TileLang scorer only compiles for a GPU; here it is absent.
+    monkeypatch.setattr(sc, "_tilelang_reader", lambda: (None, "not run: no GPU (test)"))
+    args = SimpleNamespace(heads=32, seed=0)
+    mtp = sc.run_mtp(2, 130, 2, module, args, run_once, device="cpu")
+    assert mtp.skipped is None and mtp.grouped and mtp.one_row and mtp.fp8
+    assert mtp.replicas > 1  # a few KB of keys: copies rotate past L2
+    assert set(mtp.derived()) >= {"ratio_grouped_over_one_row", "ratio_ungrouped_over_one_row"}
+    # 128 tokens, 32 keys (a 128-key-wide output); chunks of 48 rows.
+    long = sc.run_long_prefill(128, module, args, run_once, device="cpu", chunk_bytes=48 * 128 * 4)
+    assert long.rows_per_chunk == 48 and long.dispatch_arm == f"bf16_grouped[{module.PREFILL_GROUP_ROWS}]"
+    assert {"bf16", "bf16_grouped[2]", "bf16_grouped[4]", "fp8_twin"} <= set(long.arms)
+    assert long.arms["tilelang"]["ms"] is None and "not run" in long.arms["tilelang"]["error"]
+    assert "ratio_dispatch_over_fp8_twin" in long.derived() and long.floors["fp8_nonpaged_ms"] > 0
+    assert "target MTP verify" in sc.mtp_table([mtp]) and "target long prefill" in sc.long_prefill_table([long])
+    bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [long])
+    assert (tmp_path / "bench_mtp.csv").read_text().count("\n") == 2
+    assert "ratio_grouped_over_one_row" in (tmp_path / "bench_mtp.csv").read_text()
+    assert (tmp_path / "bench_long_prefill.csv").read_text().count("\n") == 2

@@ -3,8 +3,12 @@
 Triton compiles for a named target without a device (it carries its own ptxas), so CPU machines
 and CI can check what only a GPU run would otherwise reveal: that every launch config compiles
 under the installed Triton (the GPU machine has 3.6), that the dot became Hopper ``wgmma``, that
-the key loads are pipelined (the main loop's ``async_wait`` leaves tiles in flight), and that
-shared memory fits an SM. Run it as::
+the key loads are pipelined (async copies into shared memory, the main loop's ``async_wait``
+leaving tiles in flight), that shared memory fits an SM, and (Triton's bundled ``ptxas -v``)
+the registers a thread uses and whether any spill. The default set is what production launches:
+the decode config with the length-aware split (as the indexer calls it, ``clean_logits=False``;
+and with the tail fill), MTP verify groups of 2 and 4, the prefill config plain and in groups of
+``PREFILL_GROUP_ROWS`` under the prefill group config, and the fp8 twin. Run it as::
 
     PYTHONPATH=<repo>:<patched tree>/python python -m verify.bench.read_compile [--all]
 """
@@ -39,9 +43,13 @@ _TWIN_SIGNATURE = {
 }
 _INT_ARGS = [
     "rows",
+    "groups",
     "n_out",
     "max_pages",
     "split_n",
+    "num_splits",
+    "num_sms",
+    "max_split_n",
     "stride_qr",
     "stride_qh",
     "stride_kp",
@@ -78,19 +86,60 @@ class CompileReport:
     config: dict[str, Any]
     shared_bytes: int
     wgmma: bool
-    loop_waits: list[int]  # async_wait counts inside the first scf.for (the key loop)
+    loop_waits: list[int]  # async_wait counts inside the first scf.for that has any (the key loop)
+    variant: str = ""
+    async_copies: int = 0  # cp.async copies into shared memory (pipelined key loads)
+    registers: int | None = None  # per thread, from ptxas -v (None: ptxas not run)
+    spill_bytes: int | None = None
 
     @property
     def pipelined(self) -> bool:
-        return bool(self.loop_waits) and self.loop_waits[0] >= 1
+        return self.async_copies > 0 and bool(self.loop_waits) and self.loop_waits[0] >= 1
 
     @property
     def fits(self) -> bool:
         return self.shared_bytes <= SM90_SMEM_LIMIT
 
+    @property
+    def ok(self) -> bool:
+        return self.wgmma and self.fits and self.pipelined and not self.spill_bytes
+
+
+def ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
+    """(registers per thread, spill store bytes) from Triton's bundled ptxas for sm_90a;
+    (None, None) when that ptxas cannot be found or run."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.is_file():
+        return None, None
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        proc = subprocess.run(
+            [str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "kernel.cubin")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    regs = re.findall(r"Used (\d+) registers", proc.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", proc.stderr)
+    if proc.returncode != 0 or not regs:
+        return None, None
+    return int(regs[0]), int(spills[0]) if spills else 0
+
 
 def compile_sm90(
-    kernel: Any, pointer_sig: dict[str, str], config: Any, heads: int = 64, **constexprs: Any
+    kernel: Any,
+    pointer_sig: dict[str, str],
+    config: Any,
+    heads: int = 64,
+    variant: str = "",
+    **constexprs: Any,
 ) -> CompileReport:
     """Compile one Triton kernel of the read path for sm_90 (no GPU needed)."""
     from triton.backends.compiler import GPUTarget
@@ -120,13 +169,55 @@ def compile_sm90(
     ttgir = compiled.asm["ttgir"]
     loop = ttgir[ttgir.index("scf.for") :] if "scf.for" in ttgir else ""
     waits = [int(n) for n in re.findall(r"async_wait[^{\n]*\{num = (\d+)", loop)]
+    registers, spills = ptxas_usage(compiled.asm["ptx"])
     return CompileReport(
         kernel=kernel.__name__,
         config={k: getattr(config, k) for k in ("block_n", "split_n", "swap_ab", "num_warps", "num_stages")},
         shared_bytes=int(compiled.metadata.shared),
         wgmma="wgmma" in compiled.asm["ptx"],
         loop_waits=waits,
+        variant=variant,
+        async_copies=ttgir.count("async_copy_global_to_local"),
+        registers=registers,
+        spill_bytes=spills,
     )
+
+
+def bf16_constexprs(module: Any, config: Any, *, group_rows: int, length_aware: bool, fill_tail: bool) -> dict[str, Any]:
+    """The constexprs ``bf16_paged_mqa_logits_with_config`` passes for a launch like this one
+    (fp8 q, as the indexer hands it over; one 128-row block of lengths when length-aware)."""
+    group_p = 1 << (group_rows - 1).bit_length()
+    return {
+        "Q_FP8": True,
+        "FILL_TAIL": fill_tail,
+        "GROUP": group_rows,
+        "GROUP_P": group_p,
+        "LEN_AWARE": length_aware,
+        "DOUBLINGS": module._split_doublings(config.block_n, config.max_split_n),
+        "MIN_SPLIT_BLOCKS": module._MIN_SPLIT_BLOCKS,
+        "Q_AMORTIZE_SPLIT": module._Q_AMORTIZE_SPLIT,
+        "PROGRAMS_PER_SM": module._PROGRAMS_PER_SM,
+        "LEN_BLOCK": module._LEN_BLOCK,
+        "LEN_BLOCKS": 1 if length_aware else 0,
+    }
+
+
+def production_variants(module: Any) -> list[tuple[str, Any, dict[str, Any]]]:
+    """(name, config, launch options) of every bf16 kernel variant the indexer launches."""
+    decode, prefill = module.CONFIGS["decode"], module.CONFIGS["prefill"]
+    group_prefill = module.CONFIGS["prefill_group"]
+    return [
+        ("decode (indexer: length-aware, clean_logits=False)", decode, {"group_rows": 1, "length_aware": True, "fill_tail": False}),
+        ("decode, clean_logits=True", decode, {"group_rows": 1, "length_aware": True, "fill_tail": True}),
+        ("MTP verify, groups of 2", decode, {"group_rows": 2, "length_aware": True, "fill_tail": False}),
+        ("MTP verify, groups of 4", decode, {"group_rows": 4, "length_aware": True, "fill_tail": False}),
+        ("prefill", prefill, {"group_rows": 1, "length_aware": False, "fill_tail": False}),
+        (
+            f"prefill, groups of {module.PREFILL_GROUP_ROWS}",
+            group_prefill,
+            {"group_rows": module.PREFILL_GROUP_ROWS, "length_aware": False, "fill_tail": False},
+        ),
+    ]
 
 
 def compile_read_kernels(all_configs: bool = False) -> list[CompileReport]:
@@ -139,17 +230,31 @@ def compile_read_kernels(all_configs: bool = False) -> list[CompileReport]:
             "unset TRITON_INTERPRET: the compile check needs the compiled (not interpreted) kernels"
         )
     module, _ = load_bf16_kernel_module()
-    configs = list(module.CONFIG_SWEEP) if all_configs else [module.CONFIGS["decode"]]
     kernel = module._bf16_paged_mqa_logits_kernel
     reports = []
-    for config in configs:
-        reports.append(compile_sm90(kernel, _BF16_SIGNATURE, config, Q_FP8=True, FILL_TAIL=True))
+    for name, config, launch in production_variants(module):
         reports.append(
-            compile_sm90(
-                kernel, {**_BF16_SIGNATURE, "q_ptr": "*bf16"}, config, heads=32, Q_FP8=False, FILL_TAIL=False
-            )
+            compile_sm90(kernel, _BF16_SIGNATURE, config, variant=name, **bf16_constexprs(module, config, **launch))
         )
-        reports.append(compile_sm90(fp8_twin._fp8_paged_mqa_logits_twin_kernel, _TWIN_SIGNATURE, config))
+    plain = {"group_rows": 1, "length_aware": False, "fill_tail": True}
+    for config in list(module.CONFIG_SWEEP) if all_configs else []:
+        reports.append(
+            compile_sm90(kernel, _BF16_SIGNATURE, config, variant="sweep", **bf16_constexprs(module, config, **plain))
+        )
+    decode = module.CONFIGS["decode"]
+    reports.append(
+        compile_sm90(
+            kernel,
+            {**_BF16_SIGNATURE, "q_ptr": "*bf16"},
+            decode,
+            heads=32,
+            variant="bf16 q, 32 heads",
+            **{**bf16_constexprs(module, decode, group_rows=1, length_aware=True, fill_tail=False), "Q_FP8": False},
+        )
+    )
+    reports.append(
+        compile_sm90(fp8_twin._fp8_paged_mqa_logits_twin_kernel, _TWIN_SIGNATURE, decode, variant="fp8 twin")
+    )
     return reports
 
 
@@ -165,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"triton {triton.__version__}, target sm_90")
     bad = 0
     for r in compile_read_kernels(args.all):
-        ok = r.wgmma and r.fits
-        bad += not ok
+        bad += not r.ok
         print(
-            f"{'ok ' if ok else 'BAD'} {r.kernel:<36} {r.config} smem={r.shared_bytes} wgmma={r.wgmma} "
-            f"loop async_wait={r.loop_waits}"
+            f"{'ok ' if r.ok else 'BAD'} {r.kernel:<34} {r.variant:<52} {r.config} smem={r.shared_bytes} "
+            f"wgmma={r.wgmma} async_copies={r.async_copies} loop async_wait={r.loop_waits} "
+            f"registers={r.registers} spill_bytes={r.spill_bytes}"
         )
     return 1 if bad else 0
 

@@ -171,6 +171,12 @@ stage_bench() {
   with_tree
   # shellcheck disable=SC2086
   "$PY" -m verify.bench --out "$RES/bench" ${BENCH_ARGS:-}
+  local rc=$?
+  # README's speed section as this run would make it (python -m verify.bench.report --write,
+  # once the results are committed in verify/results/h200/bench/).
+  "$PY" -m verify.bench.report --results "$RES/bench" --print > "$RES/bench/README-speed.md" ||
+    echo "note: could not render README's speed section from this run" >&2
+  return $rc
 }
 
 stages=("$@")

@@ -13,7 +13,19 @@ point at a NaN page, lengths 1, 63, 64, 65, 511, 512, 513, 4095, 65536 compresse
   ``<= 1e-3 * max|logit|``, no NaN (no foreign page read, every element written: the output
   is allocated over a NaN-filled block of the caching allocator).
 - ``prefill[..]``: rows are query tokens of one request with causal lengths, sharing a table.
-- ``input_forms``: the raw uint8 pool, ``[rows, 1]`` lengths, int64 tables give the same bits.
+- ``input_forms``: the raw uint8 pool, ``[rows, 1]`` lengths, int64 tables give the same bits
+  (with ``clean_logits=False``, up to each row's last key tile).
+- ``group_rows[G=..]``: MTP verify rows in groups of G sharing the first row's table (the other
+  rows' tables point at the NaN page, so reading one poisons the row), lengths rising within a
+  group, a partial last group: against the oracle on the shared tables, 20 bitwise reruns, and
+  within the bound of the same rows scored one at a time; ``group_rows_prefill``: a prefill's
+  causal rows two at a time under the prefill group config.
+- ``clean_logits``: short rows in a 131,072-wide output (a graph-captured decode's width), the
+  length-aware split: ``clean_logits=True`` is the oracle with ``-inf`` to the end;
+  ``clean_logits=False`` equals it up to each row's last key tile and writes nothing after it
+  (outputs allocated NaN-filled), plain and grouped.
+- ``cuda_graph_wide``: captured in the wide output, replayed at other lengths (plain and
+  grouped): equal to eager up to each row's last key tile.
 - ``row_independence``: row chunks (as the call site slices them) and one-row runs equal the
   batch bit for bit under a fixed config; under default configs, bitwise or within the bound.
 - ``reruns``: 20 runs bitwise identical.
@@ -31,12 +43,13 @@ check failed or errored. ``--device cpu --small`` (with ``TRITON_INTERPRET=1``) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +60,12 @@ from verify.parity.read_reference import (
     ReadCase,
     calc_diff,
     causal_lengths,
+    make_group_case,
     make_read_case,
     oracle_logits,
     pack_fp8_pages,
+    tiles_end,
+    verify_lengths,
 )
 from verify.parity.store_report import CheckResult, CheckSkipped, Status, run_check, summary_table, write_json
 from verify.parity.upstream_read import load_bf16_kernel_module, load_upstream_fp8_torch_reader
@@ -60,6 +76,8 @@ SMALL_LENGTHS = [1, 63, 64, 65, 200]
 CALC_DIFF_MAX = 5e-6
 ABS_ERR_REL_MAX = 1e-3
 UPSTREAM_TORCH_CALC_DIFF_MAX = 1e-3
+WIDE_OUTPUT = 131072  # keys: a CUDA graph captured for 512K-token contexts
+WIDE_LENGTHS = [1, 64, 65, 2047, 2048, 0, 513, 4095]
 
 
 @dataclass
@@ -71,6 +89,7 @@ class Settings:
     seed: int
     prefill: list[tuple[int, int]]  # (query rows, final compressed length)
     small: bool
+    groups: list[int]  # MTP verify rows per request (group_rows) to check
 
 
 class Suite:
@@ -87,6 +106,24 @@ class Suite:
 
     def case(self, lengths: list[int], **kw: Any) -> ReadCase:
         return make_read_case(lengths, device=self.s.device, **kw)
+
+    @contextlib.contextmanager
+    def nan_outputs(self) -> Iterator[None]:
+        """Every fp32 tensor allocated meanwhile starts as NaN (the kernel module's output
+        among them), so an element the kernel does not write is NaN, on any device."""
+        empty = torch.empty
+
+        def nan_empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+            out = empty(*args, **kwargs)
+            if out.dtype == torch.float32:
+                out.fill_(float("nan"))
+            return out
+
+        torch.empty = nan_empty  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            torch.empty = empty  # type: ignore[assignment]
 
     def run(self, case: ReadCase, *, poison: bool = True, **kw: Any) -> torch.Tensor:
         if poison and self.cuda:
@@ -156,7 +193,15 @@ class Suite:
                 case.max_seq_len,
             ),
         }
-        bad = [name for name, out in variants.items() if not torch.equal(out, base)]
+        owned = torch.arange(case.max_seq_len, device=base.device)[None, :] < tiles_end(
+            case.seq_lens, case.max_seq_len
+        ).to(base.device)[:, None]
+        bad = [
+            name
+            for name, out in variants.items()
+            if not torch.equal(out[owned], base[owned])
+            or ("clean_logits=False" not in name and not torch.equal(out, base))
+        ]
         status = Status.PASS if not bad else Status.FAIL
         return CheckResult(
             "", status, "all forms bitwise equal" if not bad else f"differ: {bad}", {"forms": list(variants)}
@@ -323,6 +368,119 @@ class Suite:
             "", Status.PASS if ok else Status.FAIL, _fmt(details, skip=("upstream_route",)), details
         )
 
+    def check_group_rows(self, group_rows: int) -> CheckResult:
+        finals = [n for n in self.s.lengths if n >= 1]
+        lengths = verify_lengths(finals, group_rows)[:-1]  # a partial last group
+        case, shared = make_group_case(
+            lengths, group_rows, seed=self.s.seed + 91 + group_rows, device=self.s.device
+        )
+        out = self.run(case, group_rows=group_rows)
+        metrics = compare(out, self.oracle(shared))
+        singles = self.run(shared, poison=False)
+        finite = torch.isfinite(singles)
+        metrics["calc_diff_vs_one_row_at_a_time"] = calc_diff(out[finite], singles[finite])
+        differing = [
+            i
+            for i in range(1, self.s.reruns)
+            if not torch.equal(self.run(case, poison=False, group_rows=group_rows), out)
+        ]
+        metrics["rerun_differing"] = differing
+        metrics["rows"] = case.rows
+        ok = metrics["ok"] and not differing and metrics["calc_diff_vs_one_row_at_a_time"] <= CALC_DIFF_MAX
+        result = verdict(metrics, f"{case.rows} verify rows in groups of {group_rows}, {self.s.reruns} reruns")
+        return replace(result, status=Status.PASS if ok else Status.FAIL)
+
+    def check_group_rows_prefill(self) -> CheckResult:
+        rows, final = self.s.prefill[0]
+        case = self.case(causal_lengths(rows, final), shared_table=True, seed=self.s.seed + 97)
+        group_rows = self.module.PREFILL_GROUP_ROWS
+        out = self.run(case, group_rows=group_rows)
+        metrics = compare(out, self.oracle(case))
+        config = self.module.select_config(-(-rows // group_rows), case.max_seq_len, case.heads, group_rows)
+        metrics["config"] = {k: getattr(config, k) for k in ("block_n", "num_warps", "num_stages")}
+        return verdict(metrics, f"{rows} causal rows, groups of {group_rows}")
+
+    def wide_case(self, lengths: list[int], seed: int) -> ReadCase:
+        case = self.case(lengths, seed=seed)
+        width_pages = WIDE_OUTPUT // PAGE if self.cuda else case.page_table.shape[1] + 32
+        table = torch.full(
+            (case.rows, width_pages), case.poison_page, dtype=torch.int32, device=self.s.device
+        )
+        table[:, : case.page_table.shape[1]] = case.page_table
+        return replace(case, page_table=table, max_seq_len=width_pages * PAGE)
+
+    def check_clean_logits(self) -> CheckResult:
+        lengths = WIDE_LENGTHS if self.cuda else SMALL_LENGTHS
+        case = self.wide_case(lengths, self.s.seed + 101)
+        finals = [n for n in lengths if n >= 1][:4]
+        group, shared = make_group_case(
+            verify_lengths(finals, 2), 2, seed=self.s.seed + 103, device=self.s.device
+        )
+        wide = replace(
+            group, page_table=_widen(group.page_table, case.page_table.shape[1], group.poison_page),
+            max_seq_len=case.max_seq_len,
+        )
+        wide_shared = replace(
+            shared, page_table=_widen(shared.page_table, case.page_table.shape[1], shared.poison_page),
+            max_seq_len=case.max_seq_len,
+        )
+        details: dict[str, Any] = {}
+        for name, kernel_case, ref_case, kw in (
+            ("plain", case, case, {}),
+            ("groups_of_2", wide, wide_shared, {"group_rows": 2}),
+        ):
+            with self.nan_outputs():
+                lean = self.run(kernel_case, poison=False, clean_logits=False, **kw)
+                clean = self.run(kernel_case, poison=False, clean_logits=True, **kw)
+            ref = self.oracle(ref_case)
+            owned = _owned(ref_case, lean.device)
+            lean_metrics = compare(torch.where(owned, lean, ref.to(lean.device)), ref)
+            details[f"{name}_clean_true"] = compare(clean, ref)
+            details[f"{name}_clean_false_owned"] = lean_metrics
+            details[f"{name}_clean_false_unwritten_past_last_tile"] = bool(torch.isnan(lean[~owned]).all())
+            details[f"{name}_positions_left_unwritten"] = int((~owned).sum())
+        ok = all(
+            (v["ok"] if isinstance(v, dict) else v)
+            for k, v in details.items()
+            if not k.endswith("_positions_left_unwritten")
+        )
+        return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
+
+    def check_cuda_graph_wide(self) -> CheckResult:
+        if not self.cuda:
+            raise CheckSkipped("CUDA graphs need a GPU")
+        rows = 8
+        details: dict[str, Any] = {}
+        for group_rows in (1, 2):
+            case = self.wide_case([4096] * rows, self.s.seed + 107)
+            table = case.page_table[0].repeat(rows, 1).contiguous()
+            static = replace(case, page_table=table, seq_lens=case.seq_lens.clone())
+            self.run(static, poison=False, clean_logits=False, group_rows=group_rows)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = self.run(static, poison=False, clean_logits=False, group_rows=group_rows)
+            for label, lengths in (
+                ("all_1", [1] * rows),
+                ("mtp_pairs", [4096, 4095] * (rows // 2)),
+                ("mixed", [64, 65, 2048, 2047, 0, 1, 700, 699]),
+            ):
+                lens = torch.tensor(lengths, dtype=torch.int32, device=self.s.device)
+                static.seq_lens.copy_(lens)
+                graph.replay()
+                torch.cuda.synchronize()
+                step = static.with_lengths(lens)
+                eager = self.run(step, poison=False, clean_logits=False, group_rows=group_rows)
+                owned = _owned(step, captured.device)
+                details[f"g{group_rows}_{label}_equals_eager"] = bool(torch.equal(captured[owned], eager[owned]))
+                ref = self.oracle(step)
+                details[f"g{group_rows}_{label}_vs_oracle"] = compare(
+                    torch.where(owned, captured, ref.to(captured.device)), ref
+                )
+            del graph
+        ok = all((v["ok"] if isinstance(v, dict) else v) for v in details.values())
+        return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
+
     # ------------------------------------------------------------- driver
 
     def checks(self) -> list[tuple[str, Callable[[], CheckResult]]]:
@@ -332,7 +490,12 @@ class Suite:
                 out.append((f"oracle[q={tag},H={heads}]", _bind(self.check_oracle, q_dtype, heads)))
         for rows, final in self.s.prefill:
             out.append((f"prefill[rows={rows},keys={final}]", _bind(self.check_prefill, rows, final)))
+        for group_rows in self.s.groups:
+            out.append((f"group_rows[G={group_rows}]", _bind(self.check_group_rows, group_rows)))
         out += [
+            ("group_rows_prefill", self.check_group_rows_prefill),
+            ("clean_logits", self.check_clean_logits),
+            ("cuda_graph_wide", self.check_cuda_graph_wide),
             ("input_forms", self.check_input_forms),
             ("row_independence", self.check_row_independence),
             ("reruns", self.check_reruns),
@@ -352,6 +515,18 @@ class Suite:
             print(f"[{result.status.value.upper():5}] {name}: {result.summary}", flush=True)
             results.append(result)
         return results
+
+
+def _widen(table: torch.Tensor, pages: int, fill: int) -> torch.Tensor:
+    wide = torch.full((table.shape[0], pages), fill, dtype=table.dtype, device=table.device)
+    wide[:, : table.shape[1]] = table
+    return wide
+
+
+def _owned(case: ReadCase, device: torch.device) -> torch.Tensor:
+    """Positions each row's key tiles own (what clean_logits=False writes)."""
+    ends = tiles_end(case.seq_lens, case.max_seq_len).to(device)
+    return torch.arange(case.max_seq_len, device=device)[None, :] < ends[:, None]
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
@@ -473,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         prefill=[(64, 16), (16, 200)] if small else [(4096, 1024), (1024, 4095), (64, 65536)],
         small=small,
+        groups=[2, 4],
     )
     suite = Suite(settings)
     meta = environment(suite, settings)

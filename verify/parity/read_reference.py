@@ -12,6 +12,9 @@
 - ``naive_gather_logits``: the gather-then-bmm baseline (what upstream's torch fallbacks do),
   and ``gather_peak_bytes``, its memory, to skip sizes that cannot fit.
 - ``calc_diff``: DeepGEMM's ``1 - 2 sum(xy) / sum(x^2 + y^2)``.
+- ``make_group_case`` / ``verify_lengths``: MTP verify rows, groups of rows sharing one page
+  table with rising lengths (the kernel's ``group_rows`` mode); ``tiles_end``: where a row's
+  last key tile ends (what ``clean_logits=False`` writes up to).
 """
 
 from __future__ import annotations
@@ -129,6 +132,41 @@ def make_read_case(
         max_seq_len=max_pages * PAGE,
         poison_page=poison,
     )
+
+
+def verify_lengths(finals: list[int], next_n: int) -> list[int]:
+    """Compressed lengths of MTP verify rows, ``next_n`` per request whose last row sees
+    ``final`` keys: the draft tokens are causal, a key per 4 tokens (neighbours may tie)."""
+    return [max(1, (4 * f - next_n + 1 + i) // 4) for f in finals for i in range(next_n)]
+
+
+def make_group_case(
+    lengths: list[int], group_rows: int, *, poison_others: bool = True, **kw: object
+) -> tuple[ReadCase, ReadCase]:
+    """Rows in consecutive groups of ``group_rows`` (the last may be partial) that share the
+    page table of the group's longest row. Returns (the kernel's inputs, where with
+    ``poison_others`` every row but a group's first has a table of the NaN page only, so a
+    kernel reading any table but the first poisons that row; the oracle's inputs)."""
+    case = make_read_case(lengths, **kw)  # type: ignore[arg-type]
+    table = case.page_table.clone()
+    for start in range(0, case.rows, group_rows):
+        group = lengths[start : start + group_rows]
+        longest = start + max(range(len(group)), key=group.__getitem__)
+        table[start : start + len(group)] = table[longest]
+    shared = replace(case, page_table=table)
+    if not poison_others:
+        return shared, shared
+    kernel_table = table.clone()
+    for r in range(case.rows):
+        if r % group_rows:
+            kernel_table[r] = case.poison_page
+    return replace(case, page_table=kernel_table), shared
+
+
+def tiles_end(seq_lens: torch.Tensor, width: int, block_n: int = PAGE) -> torch.Tensor:
+    """Where each row's last key tile ends: what ``clean_logits=False`` writes up to."""
+    lens = seq_lens.reshape(-1).long().clamp(min=0)
+    return (-(-lens // block_n) * block_n).clamp(max=width)
 
 
 def causal_lengths(query_tokens: int, final_keys: int) -> list[int]:

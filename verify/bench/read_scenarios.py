@@ -1,0 +1,430 @@
+"""Read-bench scenarios production spends its time in (GPU): MTP verify rows and long prefill.
+
+**MTP verify.** With MTP speculative decoding the target model verifies ``next_n`` draft tokens
+per request; the indexer flattens them into ``next_n`` consecutive rows with one page table
+and causal lengths. Timed per shape (``requests x keys``), as the indexer calls the kernel
+(``clean_logits=False``, default launch config, CUDA-graph replay over cold copies of the keys):
+
+- ``one_row``: one row per request (what decode without MTP reads);
+- ``grouped``: ``next_n`` rows per request in ``group_rows=next_n`` mode (what the dispatch
+  runs): each key tile is read once per request;
+- ``ungrouped``: the same rows one at a time (each row re-reads its request's keys);
+- ``fp8``: the fp8 twin over the same rows, one at a time (upstream's indexer flattens the rows
+  the same way and hands DeepGEMM ``next_n = 1``).
+
+Target (DESIGN.md): ``grouped <= 1.15 x one_row``.
+
+**Long prefill.** One request of ``tokens`` prompt tokens: ``tokens`` query rows with causal
+lengths over ``tokens / 4`` compressed keys, scored in row chunks whose logits fit
+``LOGITS_CHUNK_BYTES`` (upstream chunks by a free-memory budget; one chunk's logits are live at a
+time), every chunk in one timed graph:
+
+- ``bf16``: the paged bf16 kernel, one row at a time (the prefill config);
+- ``bf16_grouped[G]``: rows in groups of G sharing each key tile (``PREFILL_GROUP_ROWS`` is what
+  the dispatch runs for a single long request), under the prefill group config and, at
+  ``SWEEP_TOKENS``, a few other block configs;
+- ``fp8_twin``: the Triton fp8 twin over upstream's 132-B pages (upstream's fp8 *paged* path's
+  shape); ``tilelang``: upstream's TileLang fp8 paged kernel when ``tilelang`` is installed;
+- floors: upstream's default for this case is the *non-paged* DeepGEMM ``fp8_mqa_logits`` over a
+  gathered copy of the request's keys. DeepGEMM cannot run on the GPU machine (the pinned wheel
+  crashes in ``caffe2::TypeMeta``; a source build segfaults in its metadata call), so its arm is
+  the physical floor, not a measurement: ``max(bytes / 4.8 TB/s, FLOPs / dense fp8 peak)``
+  with the bytes it must move (q, weights, the gather of the keys and the logits it writes) and
+  the MMA work of ``sum_r len_r`` keys x 64 heads x 128 dims. The same floor at the bf16 peak is
+  what bf16 could reach.
+
+Writes ``mtp`` and ``long_prefill`` sections into the read bench's JSON and CSV files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from typing import Any
+
+import torch
+
+from verify.bench.timing import replicas_for, replicate_pages
+from verify.parity.read_reference import (
+    BF16_SLOT_BYTES,
+    DIM,
+    FP8_SLOT_BYTES,
+    PAGE,
+    ReadCase,
+    causal_lengths,
+    make_read_case,
+    pack_fp8_pages,
+    verify_lengths,
+)
+
+HBM_BYTES_PER_S = 4.8e12
+# H200 SXM datasheet, dense tensor-core peaks.
+BF16_PEAK_FLOPS = 989.4e12
+FP8_PEAK_FLOPS = 1978.9e12
+TARGET_MTP_RATIO = 1.15
+TARGET_PREFILL_RATIO = 1.2
+LOGITS_CHUNK_BYTES = 4 * 2**30
+SWEEP_TOKENS = 32768
+# (requests, final keys, rows per request)
+MTP_SHAPES = {
+    "full": [(8, 8192, 2), (8, 32768, 2), (64, 8192, 2), (64, 32768, 2), (8, 131072, 2), (8, 32768, 4)],
+    "quick": [(8, 32768, 2), (64, 32768, 2)],
+}
+LONG_PREFILL_TOKENS = {"full": [8192, 32768, 131072], "quick": [32768]}
+# Prefill group block configs tried at SWEEP_TOKENS: (block_n, num_warps, num_stages).
+PREFILL_GROUP_SWEEP = [(128, 8, 3), (128, 4, 3), (64, 4, 4), (64, 4, 3)]
+
+
+@dataclass
+class MtpResult:
+    requests: int
+    keys: int
+    next_n: int
+    key_bytes_bf16: int  # keys one read of every request's keys moves
+    one_row: dict[str, Any] | None = None
+    grouped: dict[str, Any] | None = None
+    ungrouped: dict[str, Any] | None = None
+    fp8: dict[str, Any] | None = None
+    replicas: int = 1
+    skipped: str | None = None
+
+    def derived(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        ms = {k: (getattr(self, k) or {}).get("ms") for k in ("one_row", "grouped", "ungrouped", "fp8")}
+        if ms["one_row"] and ms["grouped"]:
+            out["ratio_grouped_over_one_row"] = ms["grouped"] / ms["one_row"]
+        if ms["one_row"] and ms["ungrouped"]:
+            out["ratio_ungrouped_over_one_row"] = ms["ungrouped"] / ms["one_row"]
+        if ms["grouped"] and ms["fp8"]:
+            out["ratio_grouped_over_fp8"] = ms["grouped"] / ms["fp8"]
+        if ms["grouped"]:
+            out["grouped_hbm_pct"] = 100 * self.key_bytes_bf16 / (ms["grouped"] * 1e-3) / HBM_BYTES_PER_S
+        return out
+
+
+@dataclass
+class LongPrefillResult:
+    tokens: int
+    keys: int
+    rows_per_chunk: int
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    floors: dict[str, Any] = field(default_factory=dict)
+    peak_extra_bytes: dict[str, int] = field(default_factory=dict)
+    dispatch_arm: str = ""
+    skipped: str | None = None
+
+    def derived(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        ms = {k: v.get("ms") for k, v in self.arms.items()}
+        bf16 = ms.get(self.dispatch_arm)
+        if bf16 and ms.get("fp8_twin"):
+            out["ratio_dispatch_over_fp8_twin"] = bf16 / ms["fp8_twin"]
+        if bf16 and ms.get("tilelang"):
+            out["ratio_dispatch_over_tilelang"] = bf16 / ms["tilelang"]
+        if bf16 and self.floors.get("fp8_nonpaged_ms"):
+            out["ratio_dispatch_over_fp8_nonpaged_floor"] = bf16 / self.floors["fp8_nonpaged_ms"]
+        if bf16 and self.floors.get("bf16_ms"):
+            out["dispatch_pct_of_bf16_floor"] = 100 * self.floors["bf16_ms"] / bf16
+        if bf16 and ms.get("bf16"):
+            out["ratio_dispatch_over_one_row"] = bf16 / ms["bf16"]
+        return out
+
+
+def prefill_floors(lengths: list[int], keys: int, heads: int) -> dict[str, Any]:
+    """Physical floors of one long prefill's logits (ms): the bytes each path must move at
+    4.8 TB/s and its MMA work at the dense peak. The non-paged fp8 path reads q (fp8) and the
+    head weights, gathers the keys (read 132 B, write 132 B) and reads the copy once, and
+    writes the logits of every visible position (clean_logits=False); the paged bf16 path reads
+    q, weights and the bf16 keys once (later reads come from L2) and writes the same logits."""
+    rows = len(lengths)
+    visible = sum(lengths)
+    flops = 2.0 * heads * DIM * visible
+    q_bytes = rows * heads * (DIM + 4)  # fp8 q + fp32 weights
+    logits_bytes = 4 * visible
+    fp8_bytes = q_bytes + 3 * keys * FP8_SLOT_BYTES + logits_bytes
+    bf16_bytes = q_bytes + keys * BF16_SLOT_BYTES + logits_bytes
+    fp8_mem, fp8_mma = fp8_bytes / HBM_BYTES_PER_S * 1e3, flops / FP8_PEAK_FLOPS * 1e3
+    bf16_mem, bf16_mma = bf16_bytes / HBM_BYTES_PER_S * 1e3, flops / BF16_PEAK_FLOPS * 1e3
+    return {
+        "flops": flops,
+        "fp8_nonpaged_bytes": fp8_bytes,
+        "fp8_nonpaged_memory_ms": fp8_mem,
+        "fp8_nonpaged_compute_ms": fp8_mma,
+        "fp8_nonpaged_ms": max(fp8_mem, fp8_mma),
+        "bf16_bytes": bf16_bytes,
+        "bf16_memory_ms": bf16_mem,
+        "bf16_compute_ms": bf16_mma,
+        "bf16_ms": max(bf16_mem, bf16_mma),
+        "source": "physical floor (not measured): DeepGEMM fp8_mqa_logits cannot run on this machine",
+    }
+
+
+def expand_to_verify_rows(case: ReadCase, next_n: int, seed: int) -> ReadCase:
+    """``next_n`` verify rows per row of ``case`` (a request), sharing its page table, with
+    causal lengths ending at its length, fresh queries and weights."""
+    gen = torch.Generator(device=case.q.device).manual_seed(seed)
+    rows = case.rows * next_n
+    q = torch.randn((rows, 1, case.heads, DIM), generator=gen, device=case.q.device).to(case.q.dtype)
+    weights = torch.randn((rows, case.heads), generator=gen, device=case.q.device) * case.heads**-0.5
+    lengths = verify_lengths(case.seq_lens.tolist(), next_n)
+    # verify_lengths counts a request's last row as seeing exactly the request's keys.
+    return replace(
+        case,
+        q=q,
+        weights=weights,
+        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=case.q.device),
+        page_table=case.page_table.repeat_interleave(next_n, dim=0).contiguous(),
+    )
+
+
+def _timing(label: str, fn: Callable[[], Any], *args: Any, **kw: Any) -> dict[str, Any]:
+    """A read bench ``Timing`` as a dict (the JSON form)."""
+    return asdict(fn(label, *args, **kw))
+
+
+def run_mtp(
+    requests: int,
+    keys: int,
+    next_n: int,
+    module: Any,
+    args: Any,
+    timed: Callable[..., Any],
+    device: str = "cuda",
+) -> MtpResult:
+    """``timed(label, calls, args, config=None)`` times one arm (the read bench's ``timed``;
+    a CPU smoke test passes one that runs each call once)."""
+    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+
+    result = MtpResult(requests, keys, next_n, requests * keys * BF16_SLOT_BYTES)
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        need = requests * -(-keys // PAGE) * PAGE * (BF16_SLOT_BYTES + FP8_SLOT_BYTES) * 3
+        if need > 0.6 * free:
+            result.skipped = f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+            return result
+    base = make_read_case([keys] * requests, heads=args.heads, seed=args.seed, device=device)
+    verify = expand_to_verify_rows(base, next_n, seed=args.seed + 1)
+    fp8_pool, _ = pack_fp8_pages(base.pool, dequantized=False)
+    copies = replicas_for(result.key_bytes_bf16, result.key_bytes_bf16)
+    result.replicas = copies
+    bf16_pool, _ = replicate_pages(base.pool, base.page_table, copies)
+    fp8_big, _ = replicate_pages(fp8_pool, base.page_table, copies)
+    pages = base.pool.shape[0]
+    bf16_view = bf16_pool.view(-1, PAGE, 1, DIM)
+    fp8_view = fp8_big.view(-1, PAGE, 1, FP8_SLOT_BYTES)
+
+    def calls(case: ReadCase, **kw: Any) -> list[Callable[[], torch.Tensor]]:
+        return [
+            partial(
+                module.bf16_paged_mqa_logits,
+                case.q,
+                bf16_view,
+                case.weights,
+                case.seq_lens,
+                case.page_table + r * pages,
+                None,
+                case.max_seq_len,
+                False,
+                **kw,
+            )
+            for r in range(copies)
+        ]
+
+    result.one_row = _timing("bf16, 1 row/request", timed, calls(base), args)
+    result.grouped = _timing(
+        f"bf16, {next_n} rows/request, group_rows={next_n}", timed, calls(verify, group_rows=next_n), args
+    )
+    result.ungrouped = _timing(f"bf16, {next_n} rows/request, one at a time", timed, calls(verify), args)
+    fp8_calls = [
+        partial(
+            fp8_paged_mqa_logits_twin,
+            verify.q,
+            fp8_view,
+            verify.weights,
+            verify.seq_lens,
+            verify.page_table + r * pages,
+            None,
+            verify.max_seq_len,
+        )
+        for r in range(copies)
+    ]
+    result.fp8 = _timing(f"fp8 twin, {next_n} rows/request", timed, fp8_calls, args)
+    return result
+
+
+def _chunked(
+    fn: Callable[..., torch.Tensor], case: ReadCase, kv: torch.Tensor, rows_per_chunk: int, **kw: Any
+) -> Callable[[], None]:
+    """One prefill's logits, row chunk by row chunk (each chunk's logits dropped before the
+    next, as the indexer reduces them to top-k in between)."""
+
+    def run() -> None:
+        for start in range(0, case.rows, rows_per_chunk):
+            rows = slice(start, min(case.rows, start + rows_per_chunk))
+            out = fn(
+                case.q[rows],
+                kv,
+                case.weights[rows],
+                case.seq_lens[rows],
+                case.page_table[rows],
+                None,
+                case.max_seq_len,
+                False,
+                **kw,
+            )
+            del out
+
+    return run
+
+
+def _tilelang_reader() -> tuple[Callable[..., torch.Tensor] | None, str]:
+    try:
+        import tilelang  # noqa: F401
+        from sglang.kernels.ops.attention.dsa.tilelang_kernel import tilelang_fp8_paged_mqa_logits
+    except Exception as error:  # noqa: BLE001 - any import failure means the arm cannot run
+        return (
+            None,
+            f"not run: upstream's TileLang kernel does not import here ({type(error).__name__}: {error})"[
+                :300
+            ],
+        )
+    return tilelang_fp8_paged_mqa_logits, "upstream's tilelang_fp8_paged_mqa_logits"
+
+
+def run_long_prefill(
+    tokens: int,
+    module: Any,
+    args: Any,
+    timed: Callable[..., Any],
+    device: str = "cuda",
+    chunk_bytes: int = LOGITS_CHUNK_BYTES,
+) -> LongPrefillResult:
+    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+
+    keys = tokens // 4
+    lengths = causal_lengths(tokens, keys)
+    width = (-(-keys // PAGE) + 1) * PAGE
+    rows_per_chunk = max(4, chunk_bytes // (4 * width) // 4 * 4)  # whole groups of up to 4
+    result = LongPrefillResult(tokens, keys, min(rows_per_chunk, tokens))
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        need = tokens * args.heads * DIM * 5 + min(tokens, rows_per_chunk) * width * 4 * 2
+        if need > 0.8 * free:
+            result.skipped = f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+            return result
+    case = make_read_case(lengths, heads=args.heads, seed=args.seed, shared_table=True, device=device)
+    bf16_kv = case.pool_view()
+    fp8_pool, _ = pack_fp8_pages(case.pool, dequantized=False)
+    fp8_kv = fp8_pool.view(-1, PAGE, 1, FP8_SLOT_BYTES)
+    result.floors = prefill_floors(lengths, keys, args.heads)
+    cls = module.Bf16IndexLogitsConfig
+    chunk = result.rows_per_chunk
+
+    def bf16_arm(group_rows: int, config: Any = None) -> Callable[[], None]:
+        def fn(*call_args: Any, **kw: Any) -> torch.Tensor:
+            return module.bf16_paged_mqa_logits_with_config(
+                *call_args[:5], call_args[6], config, fill_tail=False, group_rows=group_rows
+            )
+
+        return _chunked(fn, case, bf16_kv, chunk)
+
+    dispatch_group = module.PREFILL_GROUP_ROWS
+    result.dispatch_arm = f"bf16_grouped[{dispatch_group}]"
+    result.arms["bf16"] = _timing("bf16, one row at a time", timed, [bf16_arm(1)], args)
+    for group_rows in sorted({2, 4, dispatch_group}):
+        config = module.select_config(-(-tokens // group_rows), width, args.heads, group_rows)
+        result.arms[f"bf16_grouped[{group_rows}]"] = _timing(
+            f"bf16, groups of {group_rows}", timed, [bf16_arm(group_rows)], args, asdict(config)
+        )
+        if tokens == SWEEP_TOKENS:
+            for block_n, warps, stages in PREFILL_GROUP_SWEEP:
+                alt = cls(block_n=block_n, num_warps=warps, num_stages=stages, max_split_n=8192)
+                if alt == config:
+                    continue
+                result.arms[f"bf16_grouped[{group_rows}] n{block_n}/w{warps}/s{stages}"] = _timing(
+                    f"bf16, groups of {group_rows}", timed, [bf16_arm(group_rows, alt)], args, asdict(alt)
+                )
+    twin = _chunked(fp8_paged_mqa_logits_twin, case, fp8_kv, chunk)
+    result.arms["fp8_twin"] = _timing("fp8 twin (paged)", timed, [twin], args)
+    reader, how = _tilelang_reader()
+    if reader is None:
+        result.arms["tilelang"] = {"label": "TileLang fp8 (paged)", "ms": None, "error": how}
+    else:
+        result.arms["tilelang"] = _timing(
+            "TileLang fp8 (paged)", timed, [_chunked(reader, case, fp8_kv, chunk)], args
+        )
+    result.peak_extra_bytes = {"one_chunk_logits": chunk * width * 4}
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        bf16_arm(dispatch_group)()
+        torch.cuda.synchronize()
+        result.peak_extra_bytes["dispatch_arm"] = int(torch.cuda.max_memory_allocated() - before)
+        del case, fp8_pool
+        torch.cuda.empty_cache()
+    return result
+
+
+def mtp_table(results: list[MtpResult]) -> str:
+    head = (
+        f"{'MTP verify':<34} {'1 row us':>9} {'grouped us':>10} {'ratio':>6} {'ungrouped us':>12} "
+        f"{'ratio':>6} {'fp8 twin us':>11} {'%4.8':>5}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        name = f"{r.requests} req x {r.keys} keys x {r.next_n} rows"
+        if r.skipped:
+            lines.append(f"{name:<34} skipped: {r.skipped}")
+            continue
+        d = r.derived()
+
+        def us(t: dict[str, Any] | None) -> str:
+            return f"{t['ms'] * 1e3:.1f}" if t and t.get("ms") else "n/a"
+
+        lines.append(
+            f"{name:<34} {us(r.one_row):>9} {us(r.grouped):>10} {d.get('ratio_grouped_over_one_row', math.nan):6.2f} "
+            f"{us(r.ungrouped):>12} {d.get('ratio_ungrouped_over_one_row', math.nan):6.2f} {us(r.fp8):>11} "
+            f"{d.get('grouped_hbm_pct', math.nan):5.0f}"
+        )
+    ratios = [r.derived().get("ratio_grouped_over_one_row") for r in results if not r.skipped]
+    done = [x for x in ratios if x is not None]
+    if done:
+        lines.append(
+            f"target MTP verify (grouped vs 1 row/request) <= {TARGET_MTP_RATIO}: "
+            f"{sum(x <= TARGET_MTP_RATIO for x in done)}/{len(done)} (max {max(done):.2f})"
+        )
+    return "\n".join(lines)
+
+
+def long_prefill_table(results: list[LongPrefillResult]) -> str:
+    lines = []
+    for r in results:
+        if r.skipped:
+            lines.append(f"long prefill {r.tokens} tokens: skipped: {r.skipped}")
+            continue
+        f = r.floors
+        lines.append(
+            f"long prefill {r.tokens} tokens ({r.keys} keys, chunks of {r.rows_per_chunk} rows): "
+            f"fp8 non-paged floor {f['fp8_nonpaged_ms']:.2f} ms (memory {f['fp8_nonpaged_memory_ms']:.2f}, "
+            f"compute {f['fp8_nonpaged_compute_ms']:.2f}); bf16 floor {f['bf16_ms']:.2f} ms"
+        )
+        for name, arm in r.arms.items():
+            value = f"{arm['ms']:.2f} ms" if arm.get("ms") else f"n/a ({arm.get('error') or ''})"[:120]
+            lines.append(f"    {name:<34} {value}{'  <- dispatch' if name == r.dispatch_arm else ''}")
+        d = r.derived()
+        lines.append(
+            "    "
+            + ", ".join(f"{k} {v:.2f}" for k, v in d.items())
+            + f"; peak extra {r.peak_extra_bytes.get('dispatch_arm', -1) / 2**30:.2f} GiB"
+        )
+    ratios = [r.derived().get("ratio_dispatch_over_fp8_twin") for r in results if not r.skipped]
+    done = [x for x in ratios if x is not None]
+    if done:
+        lines.append(
+            f"target long prefill (bf16 dispatch vs fp8 twin) <= {TARGET_PREFILL_RATIO}: "
+            f"{sum(x <= TARGET_PREFILL_RATIO for x in done)}/{len(done)} (max {max(done):.2f})"
+        )
+    return "\n".join(lines)
