@@ -42,7 +42,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--compressors", nargs="+", choices=("fused", "unfused"), default=["fused", "unfused"])
     ap.add_argument("--no-mtp", action="store_true", help="skip the target-verify (MTP) arms")
     ap.add_argument("--arms", nargs="+", default=None,
-                    help="run only these arms, e.g. fp8/fused bf16/fused fp8/fused/mtp2 (overrides the three above)")
+                    help="run only these arms, e.g. fp8/fused bf16/fused fp8/fused/mtp2; PROFILE:ARM runs an arm on that "
+                         "profile only, e.g. sm120:fp8/fused (overrides the three above)")
     ap.add_argument("--quick", action="store_true", help="short lengths (no 131K request)")
     ap.add_argument("--probe-only", action="store_true")
     ap.add_argument("--baseline-tree", type=Path, default=None,
@@ -171,10 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         tilelang_note = _tilelang_for(profile)
         specs = arm_specs(tuple(args.formats), tuple(args.compressors), mtp=not args.no_mtp)
         if args.arms:
-            specs = [sp for sp in arm_specs() if sp.name in args.arms]
-            unknown = set(args.arms) - {sp.name for sp in specs}
+            known = {sp.name for sp in arm_specs()}
+            unknown = {a.split(":", 1)[-1] for a in args.arms} - known
             if unknown:
-                raise SystemExit(f"unknown arm(s) {sorted(unknown)}; known: {[sp.name for sp in arm_specs()]}")
+                raise SystemExit(f"unknown arm(s) {sorted(unknown)}; known: {sorted(known)}")
+            specs = [sp for sp in arm_specs() if sp.name in args.arms or f"{profile}:{sp.name}" in args.arms]
         for spec in specs:
             with P.applied(profile) as applied:
                 print(f"=== {profile} {spec.name}", flush=True)
