@@ -180,7 +180,18 @@ def sm120(root: Path) -> str:
     return f"Source `{rel}` (nvcc and TileLang, no GPU):\n\n" + "\n".join(out) + "\n"
 
 
+def speed(root: Path) -> str:
+    from verify.bench import report
+
+    try:
+        art = report.load(root / H200 / "bench")
+    except FileNotFoundError as exc:
+        return f"_Not measured yet: {exc}._\n"
+    return report.render_body(art)
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
+    "speed": speed,
     "tier2": tier2,
     "forward": forward,
     "diagnosis": diagnosis,
