@@ -131,10 +131,15 @@ stage_tier1_read() {   # tier 1's read parity alone (after a change to the read 
   "$PY" -m verify.parity.read --out "$RES/verify/parity"
 }
 
-stage_tier2() {
+stage_tier2() {  # tier 2 per platform profile (TIER2_PLATFORMS, default "auto"; TIER2_ARGS_<profile> adds options)
   with_tree
-  # shellcheck disable=SC2086
-  "$PY" -m verify --tiers 2 --out "$RES/verify" ${TIER2_ARGS:-}
+  local p rc=0 extra
+  for p in ${TIER2_PLATFORMS:-auto}; do
+    extra=TIER2_ARGS_$p
+    # shellcheck disable=SC2086
+    "$PY" -m verify --tiers 2 --platform "$p" --out "$RES/verify-$p" ${TIER2_ARGS:-} ${!extra:-} || rc=1
+  done
+  return $rc
 }
 
 stage_forward() {  # the forward tier (FORWARD_ARGS, e.g. "--quick --platform auto sm120") into
@@ -188,7 +193,7 @@ for s in "${stages[@]}"; do
     install|setup|tests|tier1|tier1_read|tier2|forward|diagnose|bench|ncu)
       limit_var=TIMEOUT_$s
       export -f "stage_$s" with_tree deep_gemm_is_real baseline_tree
-      export ROOT RES LOGS SITE PY TIER2_ARGS BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS
+      export ROOT RES LOGS SITE PY TIER2_ARGS TIER2_PLATFORMS TIER2_ARGS_sm90 TIER2_ARGS_sm120 TIER2_ARGS_auto BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS
       timeout "${!limit_var:-$STAGE_TIMEOUT}" bash -c "stage_$s" > >(tee "$LOGS/$s.log") 2>&1; rc=$? ;;
     *) echo "unknown stage $s"; rc=2 ;;
   esac
