@@ -198,6 +198,8 @@ for s in "${stages[@]}"; do
     *) echo "unknown stage $s"; rc=2 ;;
   esac
   echo "=== stage $s: exit $rc in $(( $(date +%s) - start )) s" | tee -a "$LOGS/stages.log"
+  # packed after every stage: a call cut off at the device's limit still returns what ran
+  [ -n "${OUT:-}" ] && tar -czf "$OUT/gpu-results.tgz" -C "$ROOT/build" gpu 2>/dev/null
   [ "$rc" -ne 0 ] && status=1
   { [ "$s" = setup ] || [ "$s" = install ]; } && [ "$rc" -ne 0 ] && break
 done
