@@ -96,12 +96,18 @@ def _forward_results(root: Path) -> tuple[str, dict[str, Any] | None]:
     if not runs:
         return f"{H200}/forward/<run>/results.json", None
     merged: dict[str, Any] = {"arms": [], "steps": [], "baseline": {}, "versions": {}}
+    # folders sort by name (the run's time stamp): a later run of the same arm replaces an earlier
+    by_arm: dict[tuple[str, str], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
     for path in runs:
         res = json.loads(path.read_text())
-        merged["arms"] += res["arms"]
-        merged["steps"] += res["steps"]
+        for meta in res["arms"]:
+            key = (meta["profile"], meta["arm"])
+            by_arm[key] = (meta, [s for s in res["steps"] if (s["profile"], s["arm"]) == key])
         merged["baseline"].update(res.get("baseline", {}))
         merged["versions"] = res.get("versions", {})
+    for meta, steps in by_arm.values():
+        merged["arms"].append(meta)
+        merged["steps"] += steps
     return ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in runs), merged
 
 

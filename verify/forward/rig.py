@@ -55,7 +55,8 @@ class RigConfig:
     q_lora_rank: int = 256
     draft_tokens: int = 0  # MTP target-verify rows per request (0: no speculation)
     topk_backend: str = "sgl-kernel"  # upstream's --dsa-topk-backend
-    seed: int = 1234
+    seed: int = 1234  # the model (weights) and the tokens
+    page_seed: int | None = None  # the page assignment (default: seed); a PD receiver differs only here
 
 
 @dataclass
@@ -237,7 +238,8 @@ class Rig:
         self.indexer = self._make_indexer()
         num_pages = full // PAGE_TOKENS
         # Page 0 holds upstream's dummy/padding slots; requests never own it.
-        perm = torch.randperm(num_pages - 1, generator=self._gen) + 1
+        pages_gen = torch.Generator().manual_seed(cfg.seed if cfg.page_seed is None else cfg.page_seed)
+        perm = torch.randperm(num_pages - 1, generator=pages_gen) + 1
         self.free_pages: list[int] = perm.tolist()
         self.requests: dict[int, Request] = {}
 

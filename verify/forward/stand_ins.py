@@ -215,6 +215,13 @@ def deep_gemm_stand_in() -> types.ModuleType:
 def install_deep_gemm_stand_in() -> str | None:
     """Put the stand-in in ``sys.modules`` unless a working DeepGEMM imports; returns its name
     for the results, or None when the real one is in use."""
+    # sglang's DeepGEMM wrapper decides at import whether DeepGEMM is there (and then imports
+    # deep_gemm.utils); let it decide with the real library's absence first, so only the C4
+    # indexer's direct imports see the stand-in.
+    try:
+        import sglang.srt.layers.deep_gemm_wrapper.configurer  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 -- not importable here: nothing decided, nothing to order
+        pass
     existing = sys.modules.get("deep_gemm")
     if existing is not None:
         return DEEPGEMM_STAND_IN if getattr(existing, "IS_BF16K_STAND_IN", False) else None

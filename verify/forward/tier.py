@@ -235,7 +235,9 @@ class Arm:
             rig.commit(reqs, [1] * n)
             self.q_log.clear()
             self.q_log.append((q_static_out[0][:n], q_static_out[1][:n]))
-            self.spies.take_logits()  # the eager run's; the replay's logits live inside the graph
+            # The eager run's logits stay for the checks: same inputs, same kernel as the replay
+            # (whose own logits live inside the graph); the replay's selection is compared with
+            # eager's below.
             res = self._check(scenario, f"{label} step {s}", "graph", "decode", reqs, [1] * n, sel, positions, x, q_lora)
             # the top-k writes its k slots in no particular order: compare the sets
             same = torch.equal(sel.sort(dim=1).values, eager_sel.sort(dim=1).values)
@@ -452,7 +454,8 @@ def pd_scenario(arm: Arm, total: int) -> None:
     rig = arm.rig
     src = rig.new_request(50)
     prefill(arm, "pd", src, total, None)
-    recv = Arm(arm.applied, arm.spec, replace(rig.cfg, seed=rig.cfg.seed + 1))
+    # the same model on another server: other pages, same weights
+    recv = Arm(arm.applied, arm.spec, replace(rig.cfg, page_seed=rig.cfg.seed + 1))
     try:
         dst = recv.rig.new_request(50)
         recv.rig.reserve(dst, total)
@@ -488,6 +491,8 @@ def run_arm(applied: P.Applied, spec: ArmSpec, sizes: Sizes, device: str = "cuda
     if sizes.long is None:
         cfg.full_tokens = 1 << 16
         cfg.max_context_len = 1 << 14
+    else:  # room for the long request's decode steps past its prompt
+        cfg.max_context_len = max(cfg.max_context_len, sizes.long[0] + 4 * 256)
     with _env(UNFUSED_ENV, "1" if spec.compressor == "unfused" else None):
         arm = Arm(applied, spec, cfg)
         try:

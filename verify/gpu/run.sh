@@ -146,7 +146,7 @@ stage_forward() {  # the forward tier (FORWARD_ARGS, e.g. "--quick --platform au
   # forward/$FORWARD_NAME (default: the platforms), so runs of several calls sit side by side
   with_tree
   local base="" args=${FORWARD_ARGS:---platform auto sm120}
-  local name=${FORWARD_NAME:-$(echo "$args" | sed -n 's/.*--platform \([a-z0-9 ]*\).*/\1/p' | tr ' ' '-' | sed 's/-*$//')}
+  local name=${FORWARD_NAME:-$(date -u +%Y%m%d-%H%M)-$(echo "$args" | sed -n 's/.*--platform \([a-z0-9 ]*\).*/\1/p' | tr ' ' '-' | sed 's/-*$//')}
   [ "${FORWARD_BASELINE:-1}" = 1 ] && baseline_tree && base="--baseline-tree $ROOT/build/upstream-baseline/python"
   # shellcheck disable=SC2086
   "$PY" -m verify.forward --out "$RES/forward/${name:-run}" $base $args
