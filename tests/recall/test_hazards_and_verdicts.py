@@ -25,13 +25,13 @@ def test_topk_that_reads_past_the_length_is_caught():
     assert not res["ok"] and res["selected_past_len"] > 0
 
 
-def _scorer_case(backend, score=None):
+def _scorer_case(backend, score=None, select=None):
     return H.check_scorer_then_topk(
         "fp8",
         store=lambda pool, slots, keys: backend.store("fp8", pool, slots, keys),
         new_pool=lambda n: backend.new_pool("fp8", n),
         score=score or (lambda pool, q8, w, seq, pt: backend.score("fp8", pool, q8, w, torch.arange(q8.shape[0]), seq, pt)),
-        select=backend.select,
+        select=select or backend.select,
         quantize_q=lambda q, w: diagnose.F.quantize_q(q, w, 1.0),
         device=CPU,
     )
@@ -72,3 +72,64 @@ def test_verdict_takes_the_forward_tier():
     lines = component_verdicts("sm90", diag, backend.paths, {"steps": [step], "baseline": {}})
     by = {line.component.split(" (")[0]: line for line in lines}
     assert by["fp8 index-K store"].status == "fail" and by["fp8 forward"].status == "fail"
+
+
+def test_near_ties_a_precise_scorer_flips_are_precision_not_a_fault():
+    """A scorer within DeepGEMM's bound whose error flips near-ties the fp64 oracle orders
+    strictly (upstream's torch fallback rounds per-head dots to bf16) passes; the strict number
+    shows the flips happened."""
+    backend = EmulationBackend(device=CPU)
+    g = torch.Generator().manual_seed(5)
+
+    def noisy(pool, q8, w, seq, pt):
+        lg = backend.score("fp8", pool, q8, w, torch.arange(q8.shape[0]), seq, pt)
+        scale = lg.nan_to_num(0, posinf=0, neginf=0).abs().amax(1, keepdim=True)
+        return lg + torch.randn(lg.shape, generator=g) * scale * 3e-4
+
+    res = _scorer_case(backend, noisy)
+    assert res["calc_diff"] < 5e-6 and res["recall_tie_strict_oracle_min"] < 1.0, res["detail"]
+    assert res["ok"], res["detail"]
+
+
+def test_a_topk_that_drops_a_top_key_is_caught_and_blamed():
+    backend = EmulationBackend(device=CPU)
+
+    def drops_best(lg, seq, pt, k):
+        sel = backend.select(lg, seq, pt, k).clone()
+        valid = lg.nan_to_num(float("-inf")).masked_fill(torch.arange(lg.shape[1]) >= seq.unsqueeze(1), float("-inf"))
+        worst = valid.masked_fill(torch.isinf(valid), float("inf")).argmin(1)
+        best = valid.argmax(1)
+        long_rows = seq > 2 * k
+        sel[long_rows] = torch.where(sel[long_rows] == best[long_rows].unsqueeze(1), worst[long_rows].unsqueeze(1).to(sel.dtype),
+                                     sel[long_rows])
+        return sel
+
+    res = _scorer_case(backend, select=drops_best)
+    assert not res["ok"] and res["topk_recall_on_its_logits_min"] < 1.0 and "FAULT in the top-k" in res["detail"]
+
+
+def test_scorer_determinism_reads_only_the_columns_the_topk_reads():
+    """Garbage past the last written page differs run to run (an unwritten ``new_empty``): not
+    a fault. A valid column that differs between reruns is."""
+    backend = EmulationBackend(device=CPU)
+    case = diagnose.score_case(CPU, 256)
+    base = diagnose.backend_score_fn(backend, "fp8")
+    calls = {"n": 0}
+
+    def garbage_past(pool, q8, w, seq, pt):
+        lg = base(pool, q8, w, seq, pt).clone()
+        calls["n"] += 1
+        past = torch.arange(lg.shape[1]) >= seq.unsqueeze(1)
+        return torch.where(past, torch.full_like(lg, float(calls["n"])), lg)
+
+    res = diagnose.check_scorer("fp8", "garbage past", garbage_past, case, True)
+    assert res.status == "pass" and res.numbers["deterministic"] and not res.numbers["deterministic_past_len"], res.detail
+
+    def flaky(pool, q8, w, seq, pt):
+        lg = base(pool, q8, w, seq, pt).clone()
+        calls["n"] += 1
+        lg[0, 0] += calls["n"] * 1e-6
+        return lg
+
+    res = diagnose.check_scorer("fp8", "flaky", flaky, case, True)
+    assert res.status == "fail" and not res.numbers["deterministic"] and "DIFFER on valid columns" in res.detail

@@ -27,6 +27,8 @@ import torch
 
 from verify.parity.store_reference import compare_bf16
 
+from verify.recall.metrics import tie_aware_recall
+
 from .reference import scores64
 
 FP8_MAX = 448.0
@@ -117,25 +119,6 @@ class SelectionCheck:
     recall_same_input: float
     recall_exact: float
     numbers: dict[str, Any] = field(default_factory=dict)
-
-
-def tie_aware_recall(scores: torch.Tensor, chosen: torch.Tensor, k: int, tie_abs: torch.Tensor) -> torch.Tensor:
-    """Per row: fraction of ``chosen`` (key indices, -1 = none) that are in the top-k of
-    ``scores`` allowing ties within ``tie_abs``; rows with <= k keys must choose them all."""
-    r, n = scores.shape
-    chosen = chosen.to(scores.device)
-    kk = min(k, n)
-    if kk == 0:
-        return torch.ones(r, dtype=torch.float64, device=scores.device)
-    kth = scores.topk(kk, dim=1).values[:, -1:]
-    acceptable = scores >= kth - tie_abs.unsqueeze(1)
-    valid = chosen >= 0
-    hit = acceptable.gather(1, chosen.clamp(min=0)) & valid
-    count = valid.sum(1).clamp(min=1)
-    out = hit.sum(1).double() / count
-    # a row that selected fewer keys than it must is wrong whatever it selected
-    short = valid.sum(1) < kk
-    return torch.where(short, out * valid.sum(1) / kk, out)
 
 
 def check_selection(
@@ -236,3 +219,80 @@ def check_selection(
                 blame.append(f"top-k (recall {numbers['topk_recall_on_its_logits_min']:.4f} on its own input)")
             detail += "; " + (" and ".join(blame) if blame else "scorer within 5e-6 and top-k exact on its input: a near-tie")
     return SelectionCheck(rows, ok, detail, r_same_mean, r_exact_mean, numbers)
+
+
+def _differing_rows(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
+    """Rows whose selected sets differ, and the most slots one such row differs by."""
+    if a.shape != b.shape:
+        return int(max(a.shape[0], b.shape[0])), int(max(a.shape[-1], b.shape[-1]))
+    rows = (a != b).any(1)
+    worst = 0
+    for r in torch.nonzero(rows).flatten().tolist():
+        sa, sb = set(a[r].tolist()), set(b[r].tolist())
+        worst = max(worst, len(sa - sb))
+    return int(rows.sum()), worst
+
+
+def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Flag off, the patched tree must leave the same pool bytes and select the same slots as the
+    unpatched tree. Each record: ``selections`` (step -> sorted slots), ``pool_digest`` (step ->
+    digest), ``step_status`` (step -> the oracle checks' verdict).
+
+    A step whose selected sets differ is a fault unless all of these hold: the pool bytes agree,
+    both trees' selections pass the same-input oracle up to ties, and the unpatched tree run a
+    second time (``control``) differs from its first run on that step as well -- upstream's own
+    kernels break ties differently run to run, which no patch can be asked to reproduce. Without
+    the control such a step stays unexplained: the verdict is ``incomplete``, not a pass."""
+    ps, bs = patched["selections"], base["selections"]
+    pool = sorted(k for k, v in patched["pool_digest"].items() if base["pool_digest"].get(k) != v)
+    missing = sorted(k for k in bs if k not in ps)
+    extra = sorted(k for k in ps if k not in bs)
+    differing: dict[str, dict[str, Any]] = {}
+    for k, v in ps.items():
+        if k in bs and not torch.equal(v, bs[k]):
+            rows, worst = _differing_rows(v, bs[k])
+            entry: dict[str, Any] = {
+                "rows": rows, "of_rows": int(v.shape[0]), "max_slots_per_row": worst,
+                "patched_oracle_check": patched.get("step_status", {}).get(k, "unknown"),
+                "unpatched_oracle_check": base.get("step_status", {}).get(k, "unknown"),
+            }
+            if control is not None:
+                cs = control["selections"].get(k)
+                entry["unpatched_rerun_differs"] = cs is not None and not torch.equal(cs, bs[k])
+            differing[k] = entry
+    tie_breaks = [k for k, e in differing.items()
+                  if e["patched_oracle_check"] == "pass" and e["unpatched_oracle_check"] == "pass"
+                  and e.get("unpatched_rerun_differs") is True]
+    unexplained = [k for k in differing if k not in tie_breaks]
+    n = len(ps)
+    if pool or missing or extra or any(e["patched_oracle_check"] != "pass" or e["unpatched_oracle_check"] != "pass"
+                                       for e in differing.values()):
+        status = "fail"
+    elif unexplained and control is None:
+        status = "incomplete"
+    elif unexplained:
+        status = "fail"
+    else:
+        status = "pass"
+    if not differing and status == "pass":
+        detail = f"flag off: all {n} steps select the same slots and leave the same pool bytes as the unpatched tree"
+    else:
+        parts = [f"flag off, {n} steps: pool bytes {'identical' if not pool else 'DIFFER at ' + str(pool[:5])}"]
+        if missing or extra:
+            parts.append(f"steps missing {missing[:5]}, extra {extra[:5]}")
+        if differing:
+            rows = sum(e["rows"] for e in differing.values())
+            parts.append(f"selections differ on {len(differing)} steps ({rows} rows, at most "
+                         f"{max(e['max_slots_per_row'] for e in differing.values())} slots a row)")
+        if tie_breaks:
+            parts.append(f"{len(tie_breaks)} of them: both trees pass the same-input oracle up to ties and the "
+                         "unpatched tree differs from itself on a rerun there too (upstream's run-to-run tie-breaking)")
+        if unexplained and control is None:
+            parts.append(f"unexplained on {len(unexplained)} (no unpatched rerun to compare with)")
+        elif unexplained:
+            parts.append(f"NOT explained by upstream's own variation on {unexplained[:5]}")
+        detail = "; ".join(parts)
+    return {"status": status, "steps": n, "detail": detail, "differing_steps": differing,
+            "pool_differs": pool, "missing": missing, "extra": extra,
+            "control": None if control is None else "unpatched tree run twice"}
+

@@ -76,41 +76,63 @@ def run_probe(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def _baseline_worker(profile: str, quick: bool, out: Path) -> int:
-    """Runs under the unpatched tree: the flag-off fused arm's selections and pool digests."""
+    """Runs under the unpatched tree: the flag-off fused arm's selections, pool digests and the
+    oracle checks' verdict per step."""
     from .stand_ins import install_deep_gemm_stand_in
     from .tier import QUICK, ArmSpec, Sizes, run_arm
 
     install_deep_gemm_stand_in()  # the unpatched tree imports DeepGEMM at module level as well
     with P.applied(profile) as applied:
         arm = run_arm(applied, ArmSpec("fp8", "fused"), QUICK if quick else Sizes())
-    torch.save({"selections": arm.selections, "pool_digest": arm.pool_digest,
+    torch.save({"selections": arm.selections, "pool_digest": arm.pool_digest, "step_status": arm.step_status,
                 "errors": [r.detail for r in arm.results if r.status == "error"]}, out)
     return 0
 
 
-def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: Path) -> dict[str, Any]:
+def _run_baseline(tree: Path, profile: str, quick: bool, out: Path, tag: str) -> dict[str, Any] | str:
+    """One unpatched-tree worker; its saved record, or why there is none."""
     from verify.parity.store_baseline import worker_env
 
-    path = out / f"baseline-{profile}.pt"
+    path = out / f"baseline-{profile}{tag}.pt"
     cmd = [sys.executable, "-m", "verify.forward", "--out", str(out), "--platform", profile,
            "--worker-baseline", str(path)] + (["--quick"] if quick else [])
-    env = worker_env(tree, jit_cache=out / "baseline-jit-cache")
-    log = out / f"baseline-{profile}.log"
+    # The unpatched tree's JIT builds live beside that tree, not among the results (hundreds of
+    # MB), and serve the control run and later calls on the same machine.
+    env = worker_env(tree, jit_cache=tree.parent / f".jit-cache-{profile}")
+    log = out / f"baseline-{profile}{tag}.log"
     with open(log, "w") as handle:
         proc = subprocess.run(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, check=False, timeout=1800)
     if proc.returncode != 0 or not path.exists():
-        return {"status": "error", "detail": f"baseline worker exited {proc.returncode}; see {log.name}"}
+        return f"baseline worker exited {proc.returncode}; see {log.name}"
     base = torch.load(path, weights_only=False)
+    path.unlink()  # selections of every step: large, and summarised in results.json
     if base["errors"]:
-        return {"status": "error", "detail": f"baseline run errors: {base['errors'][:1]}"}
-    diffs = [k for k, v in arm.selections.items() if k not in base["selections"] or not torch.equal(v, base["selections"][k])]
-    pool = [k for k, v in arm.pool_digest.items() if base["pool_digest"].get(k) != v]
-    missing = [k for k in base["selections"] if k not in arm.selections]
-    ok = not diffs and not pool and not missing
-    same = (f"flag off: all {len(arm.selections)} steps select the same slots and leave the same pool "
-            "bytes as the unpatched tree")
-    differs = f"differs from the unpatched tree: selections {diffs[:5]}, pool bytes {pool[:5]}, missing {missing[:5]}"
-    return {"status": "pass" if ok else "fail", "steps": len(arm.selections), "detail": same if ok else differs}
+        return f"baseline run errors: {base['errors'][:1]}"
+    return dict(base)
+
+
+def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: Path) -> dict[str, Any]:
+    """Flag off, the patched tree against the unpatched one (see :func:`checks.compare_flag_off`);
+    where selections differ, the unpatched tree runs a second time as the control."""
+    from .checks import compare_flag_off
+
+    base = _run_baseline(tree, profile, quick, out, "")
+    if isinstance(base, str):
+        return {"status": "error", "detail": base}
+    patched = {"selections": arm.selections, "pool_digest": arm.pool_digest, "step_status": arm.step_status}
+    control: dict[str, Any] | None = None
+    control_error = None
+    if compare_flag_off(patched, base)["differing_steps"]:
+        again = _run_baseline(tree, profile, quick, out, "-control")
+        if isinstance(again, str):
+            control_error = again
+        else:
+            control = again
+    res = compare_flag_off(patched, base, control)
+    if control_error:
+        res["control_error"] = control_error
+        res["detail"] += f"; the control run failed: {control_error}"
+    return res
 
 
 def summary_markdown(results: list[dict[str, Any]], arms_meta: list[dict[str, Any]], baseline: dict[str, Any]) -> str:
@@ -200,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _write(out, arms_meta, results, baseline, sizes)
     _write(out, arms_meta, results, baseline, sizes)
     failed = any(r["status"] == "fail" for r in results) or any(b["status"] == "fail" for b in baseline.values())
-    errored = (any(r["status"] == "error" for r in results) or any(b["status"] == "error" for b in baseline.values())
+    errored = (any(r["status"] == "error" for r in results) or any(b["status"] in ("error", "incomplete") for b in baseline.values())
                or bool(probe_errors))
     print((out / "summary.md").read_text())
     return 1 if failed else 2 if errored else 0

@@ -117,6 +117,7 @@ class Arm:
         self.results: list[StepResult] = []
         self.selections: dict[str, torch.Tensor] = {}  # step key -> selected slots (flag-off identity)
         self.pool_digest: dict[str, str] = {}
+        self.step_status: dict[str, str] = {}  # step key -> pass | fail | error (the oracle checks' verdict)
 
     def close(self) -> None:
         self.spies.uninstall()
@@ -172,6 +173,7 @@ class Arm:
         res.logits_mb = round(rows * width * 4 / 2**20, 2)
         key = f"{scenario}:{label}:{run}"
         self.selections[key] = selected.sort(dim=1).values.cpu()  # the top-k's order is not part of its contract
+        self.step_status[key] = res.status
         self.pool_digest[key] = hashlib.sha256(self.pool_buf.cpu().numpy().tobytes()).hexdigest()[:16]
         self.results.append(res)
         return res
@@ -251,6 +253,7 @@ class Arm:
                 res.detail += "; graph replay = eager (identical slots)"
             key = f"{scenario}:{label} step {s}:graph"
             self.selections[key] = sel.sort(dim=1).values.cpu()
+            self.step_status[key] = res.status
             self.results.append(res)
             out.append(res)
         return out

@@ -150,3 +150,22 @@ def aggregate(
         entry["gated_hits"] = int(sum(1 for r in gated if r["needle_hit"] == 1.0))
         out.append(entry)
     return out
+
+
+def tie_aware_recall(scores: torch.Tensor, chosen: torch.Tensor, k: int, tie_abs: torch.Tensor) -> torch.Tensor:
+    """Per row: fraction of ``chosen`` (key indices, -1 = none) that are in the top-k of
+    ``scores`` allowing ties within ``tie_abs``; rows with <= k keys must choose them all."""
+    r, n = scores.shape
+    chosen = chosen.to(scores.device)
+    kk = min(k, n)
+    if kk == 0:
+        return torch.ones(r, dtype=torch.float64, device=scores.device)
+    kth = scores.topk(kk, dim=1).values[:, -1:]
+    acceptable = scores >= kth - tie_abs.unsqueeze(1)
+    valid = chosen >= 0
+    hit = acceptable.gather(1, chosen.clamp(min=0)) & valid
+    count = valid.sum(1).clamp(min=1)
+    out = hit.sum(1).double() / count
+    # a row that selected fewer keys than it must is wrong whatever it selected
+    short = valid.sum(1) < kk
+    return torch.where(short, out * valid.sum(1) / kk, out)
