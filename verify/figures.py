@@ -126,7 +126,9 @@ def forward(root: Path) -> str:
         passed = sum(s["status"] == "pass" for s in steps)
         rows.append(f"| {meta['profile']} | {meta['arm']} | {passed}/{len(steps)} | {', '.join(meta['scorers'])} | "
                     f"{', '.join(meta['topks'])} | {same:.4f} | {exact:.4f} | {peak:.0f} |")
-    base = "; ".join(f"{p}: {b['status']} ({b['detail']})" for p, b in res.get("baseline", {}).items()) or "not run"
+    from verify.forward.checks import flag_off_status
+
+    base = "; ".join("{}: {} ({})".format(p, *flag_off_status(b)) for p, b in res.get("baseline", {}).items()) or "not run"
     return (f"Source {rel} ({res['versions'].get('gpu', '?')}); scenarios: {', '.join(sorted({s['scenario'] for s in res['steps']}))}.\n\n"
             + "\n".join(rows) + f"\n\nFlag off vs the unpatched tree: {base}.\n")
 

@@ -52,3 +52,14 @@ def test_missing_steps_fail():
     del patched["selections"]["decode"]
     res = compare_flag_off(patched, record([[0, 1, 2]]))
     assert res["status"] == "fail" and res["missing"] == ["decode"]
+
+
+def test_a_record_from_before_the_classification_reads_incomplete_where_the_pools_agreed():
+    from verify.forward.checks import flag_off_status
+
+    old = {"status": "fail", "detail": "differs from the unpatched tree: selections ['stale:3000'], pool bytes [], missing []"}
+    assert flag_off_status(old)[0] == "incomplete"
+    pool = {"status": "fail", "detail": "differs from the unpatched tree: selections [], pool bytes ['a'], missing []"}
+    assert flag_off_status(pool)[0] == "fail"
+    new = compare_flag_off(record([[0, 1, 2]]), record([[0, 1, 3]]))
+    assert flag_off_status(new) == (new["status"], new["detail"])

@@ -313,8 +313,9 @@ def oracle64(case: ScoreCase, fmt: str) -> torch.Tensor:
 ScoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def check_scorer(fmt: str, label: str, fn: ScoreFn, case: ScoreCase, fp8_path: bool) -> Check:
-    """``fn(pool, q8 [B,H,128], w [B,H], seq_lens, page_table) -> logits [B, P*64]``."""
+def check_scorer(fmt: str, label: str, fn: ScoreFn, case: ScoreCase, fp8_path: bool, name: str = "") -> Check:
+    """``fn(pool, q8 [B,H,128], w [B,H], seq_lens, page_table) -> logits [B, P*64]``; ``name``
+    the check's component (default ``"<fmt> scorer"``, the platform's own)."""
     ref = oracle64(case, fmt)
     runs = [fn(case.pool[fmt], case.q8, case.w, case.seq_lens, case.page_table) for _ in range(3)]
     out = runs[0]
@@ -340,7 +341,7 @@ def check_scorer(fmt: str, label: str, fn: ScoreFn, case: ScoreCase, fp8_path: b
         f"{'finite' if finite else 'NON-FINITE'}; reruns {'bitwise identical' if same else 'DIFFER'} on valid columns"
         f"{'' if same_past else ' (past seq_len they differ: columns the scorer leaves unwritten)'}; {mask}"
     )
-    return Check(f"{fmt} scorer", label, "pass" if ok else "fail", detail, fp8_path,
+    return Check(name or f"{fmt} scorer", label, "pass" if ok else "fail", detail, fp8_path,
                  {"calc_diff": diff, "finite": finite, "deterministic": same, "deterministic_past_len": same_past, "mask": mask, "rows": int(case.seq_lens.numel())})
 
 
@@ -595,7 +596,8 @@ def other_scorer_checks(backend: Backend, case: ScoreCase) -> list[Check]:
             continue
         if got.name.startswith("deep_gemm"):  # a real DeepGEMM runs only in the isolated probe below
             continue
-        out.append(_guard("other fp8 scorer", got.name, lambda got=got: check_scorer("fp8", got.name, scorer_fn(got, "fp8"), case, False), False))
+        out.append(_guard("other fp8 scorer", got.name, lambda got=got: check_scorer("fp8", got.name, scorer_fn(got, "fp8"), case, False,
+                                                                               name="other fp8 scorer"), False))
 
         def hazards(got: Found = got) -> Check:
             res = H.check_scorer_then_topk(

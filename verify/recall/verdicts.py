@@ -100,10 +100,13 @@ def _component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forwa
     base = (forward or {}).get("baseline", {}).get(profile)
     fstatus = "not run" if fok is None else "pass" if fok else "fail"
     if base:
-        fev += f"; flag off vs unpatched tree: {base['status']}: {base['detail']}"
-        if base["status"] == "fail":
+        from verify.forward.checks import flag_off_status
+
+        bstatus, bdetail = flag_off_status(base)
+        fev += f"; flag off vs unpatched tree: {bstatus}: {bdetail}"
+        if bstatus == "fail":
             fstatus = "fail"
-        elif base["status"] != "pass" and fstatus == "pass":
+        elif bstatus != "pass" and fstatus == "pass":
             # the forward's own oracles passed, but whether the series leaves the flag-off path
             # as upstream has it is not settled
             fstatus = "incomplete"
