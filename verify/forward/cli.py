@@ -47,7 +47,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="short lengths (no 131K request)")
     ap.add_argument("--probe-only", action="store_true")
     ap.add_argument("--baseline-tree", type=Path, default=None,
-                    help="an unpatched upstream python/ dir: the flag-off arm must match it bit for bit")
+                    help=("an unpatched upstream python/ dir: the flag-off arm must select the same slots and leave the same "
+                          "pool bytes; where selections differ, the unpatched tree runs again as the control"))
     ap.add_argument("--worker-baseline", type=Path, default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
