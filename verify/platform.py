@@ -275,6 +275,34 @@ def load(role: str) -> Loaded:
     return got
 
 
+def load_module(role: str) -> tuple[Any, str]:
+    """The module holding ``role``'s function (see :data:`FUNCTIONS`) and how it was reached: by
+    package import, else -- for a self-contained module such as patch 4's kernel (torch + triton
+    only) -- loaded as a standalone file from the tree on sys.path, since sglang's ``__init__``
+    chain fails on machines without ``sgl_kernel``. Raises :class:`ProfileError` when neither
+    route works."""
+    module, _ = FUNCTIONS[role]
+    try:
+        return importlib.import_module(module), "package import"
+    except BaseException as exc:  # noqa: BLE001 -- the chain can fail in many ways
+        first_error = short_error(exc)
+    relative = module.replace(".", "/") + ".py"
+    path = next((Path(e or ".") / relative for e in sys.path if (Path(e or ".") / relative).is_file()), None)
+    if path is None:
+        raise ProfileError(f"{relative} not found on sys.path; put the patched upstream's python/ on PYTHONPATH "
+                           f"(package import failed: {first_error})")
+    name = "_verify_" + module.rsplit(".", 1)[-1]
+    route = f"standalone file {path} (package import failed: {first_error})"
+    if name in sys.modules:
+        return sys.modules[name], route
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod, route
+
+
 def sglang_root() -> Path | None:
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from verify.parity.store_reference import compare_bf16
-
 from verify.recall.metrics import tie_aware_recall
 
 from .reference import scores64
