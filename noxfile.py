@@ -58,10 +58,11 @@ def status(session: nox.Session) -> None:
 def build(session: nox.Session) -> None:
     """Compile every CUDA kernel instantiation the bf16 path uses (local GPU, else sm_90a/100a/120f)."""
     # System site-packages: a deployment's own torch satisfies the pin instead of a new download.
-    session.install("-e", ".[kernels-build]")
+    # --no-compile: bytecode only for what is imported, not all of torch and triton up front.
+    session.install("--no-compile", "-e", ".[kernels-build]")
     has_torch = subprocess.run([f"{session.bin}/python", "-c", "import torch"], capture_output=True, check=False)
     if has_torch.returncode:
-        session.install("torch==2.13.0")  # sglang 0.5.21's own pin
+        session.install("--no-compile", "torch==2.13.0")  # sglang 0.5.21's own pin
     session.run("python", "-m", "bf16k", "build", *session.posargs)
 
 

@@ -7,8 +7,9 @@ empty pip and bf16k caches (also there), as on a machine that has never run them
 time is recorded, and the size of the clone and of those caches is sampled while it runs (`du`,
 every few seconds) for the peak. The scratch folder is deleted afterwards unless --keep.
 
-The result is JSON (`verify/results/fresh-clone/fresh-clone.json`); `readme_table` renders the
-table README shows from it, and a test keeps the two in step.
+The result is JSON (`verify/results/fresh-clone/fresh-clone.json`, the commands' output beside it
+in `fresh-clone.log`); `readme_table` renders the table README shows from it, and a test keeps the
+two in step.
 """
 
 from __future__ import annotations
@@ -149,19 +150,20 @@ def readme_table(data: dict[str, Any]) -> str:
 
 def cmd_measure_setup(ns: argparse.Namespace) -> int:
     root = project.find_root(Path(ns.root) if ns.root else None)
+    out = root / (Path(ns.out) if ns.out else RESULT)
+    out.parent.mkdir(parents=True, exist_ok=True)
     parent = Path(ns.workdir) if ns.workdir else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="bf16k-fresh-clone-", dir=parent))
     try:
         data = measure(root, scratch)
+        shutil.copyfile(scratch / "measure-setup.log", out.with_suffix(".log"))
         if ns.keep:
             print(f"measure-setup: kept {scratch}")
     finally:
         if not ns.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    out = root / (Path(ns.out) if ns.out else RESULT)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2) + "\n")
     print(f"measure-setup: wrote {out}\n{readme_table(data)}")
     if not data["complete"]:

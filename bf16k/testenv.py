@@ -102,7 +102,10 @@ def ensure(root: Path) -> Path:
         )
         (env / STAMP).unlink(missing_ok=True)
         proc = subprocess.run(
-            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-e", f"{root}[{EXTRA}]"],
+            # --no-compile: bytecode is written for the modules that are imported, when they are,
+            # not for all of torch & co. up front (about 0.3 GiB less on disk).
+            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile",
+             "-e", f"{root}[{EXTRA}]"],
             cwd=root, check=False,
         )  # fmt: skip
         if proc.returncode != 0:
