@@ -42,6 +42,10 @@ def test_the_test_sessions_run_in_the_one_shared_environment() -> None:
         # ... and the session's Python work runs in the shared one.
         calls = {ast.unparse(c.func) for c in ast.walk(node) if isinstance(c, ast.Call)}
         assert "_in_test_env" in calls, f"session {name} does not run in the shared test environment"
+    # build keeps its own venv for a deployment's torch (system site-packages); without one it
+    # builds in the shared environment rather than install a second torch.
+    assert "_in_test_env" in {ast.unparse(c.func) for c in ast.walk(functions["build"]) if isinstance(c, ast.Call)}
+    assert "torch==" not in ast.unparse(functions["build"])
     helper = ast.unparse(functions["_in_test_env"])
     assert "'test-env'" in helper and "session.name" in helper
 
