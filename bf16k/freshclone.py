@@ -141,9 +141,9 @@ def readme_table(data: dict[str, Any]) -> str:
         "| --- | --- | --- | --- |",
     ]
     for s in data["steps"]:
+        took = f"{s['seconds']:.0f} s" if s["seconds"] < 90 else f"{s['seconds'] / 60:.0f} min"
         rows.append(
-            f"| `{s['command']}` | {s['seconds'] / 60:.0f} min | {s['clone_gib_after']:.1f} GiB | "
-            f"{s['total_gib_peak']:.1f} GiB |"
+            f"| `{s['command']}` | {took} | {s['clone_gib_after']:.1f} GiB | {s['total_gib_peak']:.1f} GiB |"
         )
     return "\n".join(rows)
 

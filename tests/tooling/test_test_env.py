@@ -8,6 +8,7 @@ behind, or a failure that is swallowed fails here.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -130,3 +131,16 @@ def test_readme_sets_up_in_two_commands() -> None:
     commands = freshclone.readme_setup_commands((ROOT / "README.md").read_text())
     assert commands == ["nox -s apply build", "nox -s tests"]
 
+
+
+def test_readme_figures_are_the_committed_fresh_clone_measurement() -> None:
+    data = json.loads((ROOT / freshclone.RESULT).read_text())
+    assert data["complete"] is True, "the committed measurement is incomplete: a step failed"
+    commands = freshclone.readme_setup_commands((ROOT / "README.md").read_text())
+    assert [s["command"] for s in data["steps"]] == [*commands, *freshclone.NEXT_STEPS]
+    assert all(s["exit_status"] == 0 for s in data["steps"])
+    readme = (ROOT / "README.md").read_text()
+    setup = readme[readme.index("## Set up") : readme.index("## Sessions")]
+    assert freshclone.readme_table(data) in setup, "README's set-up figures differ from the measurement"
+    # What the shared environment is for: a fresh clone following README stays under 8 GiB.
+    assert data["clone_gib_peak"] < 8
