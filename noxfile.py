@@ -24,6 +24,12 @@ def _tool(session: nox.Session, *args: str) -> None:
     session.run(*TOOL, *args, *session.posargs, external=True)
 
 
+def _in_test_env(session: nox.Session, *args: str) -> None:
+    """Run python ARGS in the one venv tests/verify_recall/bisect/bench share (.nox/test-env):
+    one CUDA-torch install instead of one per session. bf16k.testenv says how."""
+    session.run(*TOOL, "test-env", "--label", session.name, "--", *args, external=True)
+
+
 @nox.session(python=False, tags=["series"])
 def apply(session: nox.Session) -> None:
     """Obtain upstream at the pin (submodule, else the PyPI wheel) and `git am -3` the series."""
@@ -51,29 +57,23 @@ def status(session: nox.Session) -> None:
 @nox.session(python=PYTHON, venv_params=["--system-site-packages"], tags=["kernels"])
 def build(session: nox.Session) -> None:
     """Compile every CUDA kernel instantiation the bf16 path uses (local GPU, else sm_90a/100a/120f)."""
-    # System site-packages: a deployment's own torch satisfies the pin instead of a new download.
-    session.install("-e", ".[kernels-build]")
+    # System site-packages: a deployment's own torch compiles the JIT cache it will look up (the
+    # cache key names the torch version). Without one, the test environment's torch does, instead
+    # of a second multi-GiB torch in this venv.
     has_torch = subprocess.run([f"{session.bin}/python", "-c", "import torch"], capture_output=True, check=False)
     if has_torch.returncode:
-        session.install("torch==2.13.0")  # sglang 0.5.21's own pin
+        _in_test_env(session, "-m", "bf16k", "build", *session.posargs)
+        return
+    session.install("--no-compile", "-e", ".[kernels-build]")  # bytecode only for what is imported
     session.run("python", "-m", "bf16k", "build", *session.posargs)
 
 
-def _has_cuda(session: nox.Session) -> bool:
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    proc = subprocess.run([f"{session.bin}/python", "-c", probe], capture_output=True, check=False)
-    return proc.returncode == 0
-
-
-@nox.session(python=PYTHON, tags=["ci"], default=False)
+@nox.session(python=False, tags=["ci"], default=False)
 def tests(session: nox.Session) -> None:
     """The project's test suite: tooling, verification suites, and the series' own upstream tests."""
-    session.install("-e", ".[test]")
-    session.run("python", "-m", "bf16k", "apply")
-    # Without a GPU, Triton kernels run under Triton's interpreter (the CPU tests need that).
-    env = {} if _has_cuda(session) else {"TRITON_INTERPRET": "1"}
+    session.run(*TOOL, "apply", external=True)
     targets = session.posargs or ["tests", "sglang-upstream/python/sglang/test/dsv4_bf16_index_k"]
-    session.run("python", "-m", "pytest", *targets, env=env)
+    _in_test_env(session, "-m", "pytest", *targets)
 
 
 @nox.session(python=PYTHON, tags=["ci"], default=False)
@@ -84,33 +84,26 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")  # packages and strictness from pyproject's [tool.mypy]
 
 
-@nox.session(python=PYTHON, tags=["verify"], default=False)
+@nox.session(python=False, tags=["verify"], default=False)
 def verify_recall(session: nox.Session) -> None:
     """Recall verification: tier 1 parity (GPU), tier 2 indexer recall; `-- --server URL` for tier 3."""
-    session.install("-e", ".[test]")
     live = any(a == "--server" or a.startswith("--server=") for a in session.posargs)
     if not live:
-        session.run("python", "-m", "bf16k", "apply")
-    env = {"PYTHONPATH": "sglang-upstream/python"}
-    if not live and not _has_cuda(session):
-        env["TRITON_INTERPRET"] = "1"
-    session.run("python", "-m", "verify", *session.posargs, env=env)
+        session.run(*TOOL, "apply", external=True)
+    _in_test_env(session, "-m", "verify", *session.posargs)
 
 
-@nox.session(python=PYTHON, tags=["verify"], default=False)
+@nox.session(python=False, tags=["verify"], default=False)
 def bench(session: nox.Session) -> None:
     """Kernel benchmarks on a CUDA GPU, side by side: bf16 read vs fp8 vs naive gather; bf16 vs fp8 store."""
-    session.install("-e", ".[test]")
-    session.run("python", "-m", "bf16k", "apply")
-    session.run("python", "-m", "verify.bench", *session.posargs, env={"PYTHONPATH": "sglang-upstream/python"})
+    session.run(*TOOL, "apply", external=True)
+    _in_test_env(session, "-m", "verify.bench", *session.posargs)
 
 
-@nox.session(python=PYTHON, tags=["series", "ci"], default=False)
+@nox.session(python=False, tags=["series", "ci"], default=False)
 def bisect(session: nox.Session) -> None:
     """Apply each prefix of the series in a scratch clone: imports, byte-compiles, its tests pass."""
-    session.install("-e", ".[test]")
-    env = {} if _has_cuda(session) else {"TRITON_INTERPRET": "1"}
-    session.run("python", "-m", "bf16k", "bisect", *session.posargs, env=env)
+    _in_test_env(session, "-m", "bf16k", "bisect", *session.posargs)
 
 
 @nox.session(python=False, tags=["series"], default=False)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from bf16k import project
+from bf16k.errors import ToolError
 
 
 def _target(ns: argparse.Namespace) -> project.Target:
@@ -27,7 +28,26 @@ def cmd_bisect(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_test_env(ns: argparse.Namespace) -> int:
+    from bf16k import testenv
+
+    args = list(ns.args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        raise ToolError("test-env needs the arguments for its python, e.g. `test-env -- -m pytest tests`")
+    root = project.find_root(Path(ns.root) if ns.root else None)
+    return testenv.run(root, args, label=ns.label)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "test-env", help="run python in the one environment the test sessions share (.nox/test-env)"
+    )
+    p.add_argument("--label", default="test-env", help="names its temporary folder build/tmp/LABEL-PID")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the arguments for its python")
+    p.set_defaults(func=cmd_test_env)
+
     p = sub.add_parser("build", help="compile every CUDA kernel instantiation the bf16 path uses")
     p.add_argument("--upstream", metavar="VERSION", help="build a carried release's tree")
     p.add_argument("--arch", action="append", help="architecture from kernels/manifest.toml (repeatable)")
@@ -39,8 +59,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-tests", action="store_true", help="skip the series' own tests (import/compile only)")
     p.set_defaults(func=cmd_bisect)
 
-    from bf16k import prdrafts, rangediff, rebase, wheel
+    from bf16k import freshclone, prdrafts, rangediff, rebase, wheel
 
+    freshclone.register(sub)
     rebase.register(sub)
     rangediff.register(sub)
     wheel.register(sub)

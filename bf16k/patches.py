@@ -7,6 +7,7 @@ always ``upstream-head..HEAD`` and recovery is always "reset to base, re-apply".
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -184,7 +185,8 @@ def apply(
             f"{repo} has uncommitted changes ({len(dirty)} paths, e.g. {dirty[0][3:]}); "
             "commit and export them, or run apply without --stop-if-dirty to save them to a ref"
         )
-    for note in save_work(repo, state, up.base):
+    saved = save_work(repo, state, up.base)
+    for note in saved:
         print(note)
     reset_to(repo, up.base)
     failure = run_am(repo, mbox(t.series_dir, names), names)
@@ -193,7 +195,7 @@ def apply(
         reset_to(repo, up.base)
         state.update({"series_hash": "", "head": up.base})
         upstream.write_state(repo, state)
-        raise ToolError(conflict_message(failure, up, "apply"))
+        raise ToolError(apply_failure_message(failure, up, t, saved))
     head = gitutil.rev_parse(repo, "HEAD")
     state.update({"series_hash": shash, "head": head, "base": up.base})
     upstream.write_state(repo, state)
@@ -202,11 +204,35 @@ def apply(
     return up
 
 
+# git's advice after a stop ("run git am --continue / --skip / --abort", "hint: ...") is wrong
+# once the tool has aborted the am (apply resets the tree; the other callers drop a scratch
+# clone), so messages leave it out and say what to do instead.
+_GIT_AM_ADVICE = ("git am --", "hint: ")
+
+
 def conflict_message(f: AmFailure, up: upstream.Upstream, action: str) -> str:
     files = ", ".join(f.files) or "(see git's output below)"
+    said = [line for line in f.detail.splitlines() if not any(a in line for a in _GIT_AM_ADVICE)]
     return (
         f"{action}: patch {f.index + 1} '{f.name}' does not apply on {up.source} base {up.base[:12]}\n"
-        f"  files: {files}\n  git said:\n    " + "\n    ".join(f.detail.splitlines()[-12:])
+        f"  files: {files}\n  git said:\n    " + "\n    ".join(said[-12:])
+    )
+
+
+def apply_failure_message(f: AmFailure, up: upstream.Upstream, t: Target, saved: list[str]) -> str:
+    """A stopped apply: where the tree is now (apply has reset it) and the command to run next."""
+    repo = os.path.relpath(up.repo, t.root)
+    patch = os.path.relpath(t.series_dir / f.name, t.root)
+    series_from_repo = os.path.relpath(t.series_dir, up.repo)
+    option = f" -- --upstream {t.version}" if t.carried else ""
+    held = ("its earlier work is saved: " + "; ".join(saved)) if saved else "it held no unsaved work"
+    return conflict_message(f, up, "apply") + (
+        f"\n  now: {repo}/ is back at the bare base {up.base[:12]} (branch {BRANCH}, no patch applied, "
+        f"no `git am` in progress); {held}"
+        f"\n  next: repair {patch} and run `nox -s apply{option}` again; or have git mark the conflict "
+        f"in the files: `cd {repo} && git am -3 --keep $(sed 's|^|{series_from_repo}/|' "
+        f"{series_from_repo}/series)`, resolve, `git am --continue` until all are in, then "
+        f"`cd {os.path.relpath(t.root, up.repo)} && nox -s export{option}`"
     )
 
 

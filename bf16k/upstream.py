@@ -96,9 +96,15 @@ def _pypi_json_download(pin: Pin, dest: Path) -> None:
     raise ToolError(f"PyPI lists no file {pin.wheel.filename} for {name} {version}")
 
 
+def given_wheel(wheel_file: Path | None = None) -> Path | None:
+    """The wheel the user handed over: --wheel-file, else BF16K_WHEEL_FILE, else None."""
+    env = os.environ.get("BF16K_WHEEL_FILE")
+    return wheel_file or (Path(env) if env else None)
+
+
 def fetch_wheel(pin: Pin, wheel_file: Path | None = None) -> Path:
     """The pinned wheel, sha256-checked: a given file, else the cache, else a download."""
-    given = wheel_file or (Path(os.environ["BF16K_WHEEL_FILE"]) if os.environ.get("BF16K_WHEEL_FILE") else None)
+    given = given_wheel(wheel_file)
     if given is not None:
         path = given.expanduser().resolve()
         if not path.is_file():
@@ -130,8 +136,13 @@ def fetch_wheel(pin: Pin, wheel_file: Path | None = None) -> Path:
         raise ToolError(
             f"checksum mismatch for {path}:\n  expected sha256 {pin.wheel.sha256} (pin {pin.path})\n"
             f"  got      sha256 {actual}\n"
-            "Nothing was extracted. If the file is corrupt, delete it and run again; if the pin is "
-            "wrong, fix the pin."
+            + (
+                f"Nothing was changed. Give the pinned {pin.wheel.filename} (--wheel-file or "
+                "BF16K_WHEEL_FILE), or neither to download it."
+                if given is not None
+                else "Nothing was extracted. If the file is corrupt, delete it and run again; if the pin "
+                "is wrong, fix the pin."
+            )
         )
     return path
 
@@ -403,16 +414,26 @@ def obtain(t: Target, *, source: str = "auto", wheel_file: Path | None = None, q
         raise ToolError(f"unknown upstream source {source!r} (auto, submodule or wheel)")
     if t.carried and source == "submodule" and not pin.commit_known:
         raise ToolError(f"the upstream commit of {pin.version} is not known: only the wheel can be used")
+    # A given wheel is checked even where the tree needs none: a wrong or missing file is an
+    # error, never silently ignored, and the run says whether the file was used.
+    given = given_wheel(wheel_file)
+    if given is not None:
+        fetch_wheel(pin, given)
+    wheel_note = "" if given is None else f"--wheel-file {given} matches the pin (sha256)"
 
     up: Upstream | None = None
     if gitutil.is_repo(repo):
         state = read_state(repo)
         if pin.commit and source != "wheel" and gitutil.has_commit(repo, pin.commit):
             up = Upstream(repo, gitutil.rev_parse(repo, pin.commit), "submodule", f"submodule at {pin.commit}")
+            if wheel_note:
+                wheel_note += " but is not used: the submodule has the pinned commit (--source wheel uses the wheel)"
         elif state.get("source") == "wheel" and source != "submodule":
             base = state.get("base", "")
             if base and gitutil.has_commit(repo, base) and (not pin.wheel.base_commit or base == pin.wheel.base_commit):
                 up = Upstream(repo, base, "wheel", f"PyPI wheel {pin.wheel.filename} (already built)")
+                if wheel_note:
+                    wheel_note += f" and is not needed: {repo.name}/ is already built from that wheel"
             else:
                 base = _materialize(t, pin, repo, wheel_file)
                 up = Upstream(repo, base, "wheel", f"PyPI wheel {pin.wheel.filename}, sha256 checked")
@@ -446,6 +467,8 @@ def obtain(t: Target, *, source: str = "auto", wheel_file: Path | None = None, q
         if up is None:
             base = _materialize(t, pin, repo, wheel_file)
             up = Upstream(repo, base, "wheel", f"{tried}PyPI wheel {pin.wheel.filename}, sha256 checked")
+    if wheel_note:
+        up.detail += f"; {wheel_note}"
     install_local_excludes(repo)
     state = read_state(repo)
     if state.get("source") != up.source or state.get("base") != up.base:

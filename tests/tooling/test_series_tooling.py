@@ -135,6 +135,58 @@ def test_wrong_wheel_checksum_stops_naming_the_file(tmp_path: Path, real_pin: pi
         upstream.fetch_wheel(real_pin, bad)
 
 
+def test_wheel_file_is_checked_even_when_the_tree_is_already_built(
+    product: Product, tmp_path: Path, wheel_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    head = gitutil.rev_parse(product.upstream, "HEAD")
+    garbage = tmp_path / "garbage.whl"
+    garbage.write_bytes(b"not a wheel")
+    proc = _cli(product, "apply", "--source", "wheel", "--wheel-file", str(garbage))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"checksum mismatch for {garbage}" in proc.stderr and "Nothing was changed" in proc.stderr
+    proc = _cli(product, "apply", "--wheel-file", str(tmp_path / "missing.whl"))
+    assert proc.returncode == 2 and f"wheel file {tmp_path / 'missing.whl'} does not exist" in proc.stderr
+    monkeypatch.setenv("BF16K_WHEEL_FILE", str(garbage))
+    proc = _cli(product, "check")
+    assert proc.returncode == 2 and f"checksum mismatch for {garbage}" in proc.stderr
+    monkeypatch.delenv("BF16K_WHEEL_FILE")
+    assert gitutil.rev_parse(product.upstream, "HEAD") == head
+    # The right file: checked, and the run says why it was not needed.
+    proc = _cli(product, "apply", "--source", "wheel", "--wheel-file", str(wheel_path))
+    assert proc.returncode == 0, proc.stderr
+    assert (f"--wheel-file {wheel_path} matches the pin (sha256) and is not needed: "
+            "sglang-upstream/ is already built from that wheel") in proc.stdout
+
+
+def test_failed_apply_says_where_the_tree_is_and_what_to_run(two_patch_product: Product) -> None:
+    p = two_patch_product
+    d = p.target.series_dir
+    name = series.read_order(d)[0]
+    path = d / name
+    path.write_bytes(path.read_bytes().replace(b"\n FP8_DTYPE = ", b"\n FP8_DTYPE_RENAMED = ", 1))
+    (p.upstream / POOL).write_text((p.upstream / POOL).read_text() + "# my edit\n")
+    with pytest.raises(ToolError) as err:
+        patches.apply(p.target)
+    msg = str(err.value)
+    base = p.target.load_pin().wheel.base_commit
+    # Not git's advice: the am was aborted and the tree reset, so --continue/--skip are wrong.
+    assert "git am --continue" not in msg.split("  next:")[0]
+    assert "git am --skip" not in msg and "git am --abort" not in msg and "hint:" not in msg
+    assert f"now: sglang-upstream/ is back at the bare base {base[:12]}" in msg
+    saved = gitutil.out(["for-each-ref", "--format=%(refname)", patches.SAVED_PREFIX], p.upstream).split()
+    assert len(saved) == 1 and saved[0] in msg  # the edit is kept, and the message says where
+    assert f"next: repair series/{name} and run `nox -s apply` again" in msg
+    assert gitutil.rev_parse(p.upstream, "HEAD") == base and not patches.am_in_progress(p.upstream)
+    # The git route it offers runs from the product root and stops at the same patch.
+    command = msg.split("`cd sglang-upstream && ")[1].split("`")[0]
+    env = {**gitutil.git_env(), "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    proc = subprocess.run(["bash", "-c", f"cd sglang-upstream && {command}"], cwd=p.root, env=env,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and patches.am_in_progress(p.upstream), proc.stdout + proc.stderr
+    assert "Patch failed at 0001" in proc.stdout + proc.stderr
+    patches.abort_am(p.upstream)
+
+
 def test_fingerprint_mismatch_stops_before_patching(two_patch_product: Product) -> None:
     p = two_patch_product
     pin = p.target.load_pin()

@@ -236,7 +236,8 @@ def test_cli_prints_path_and_sha256(built: Built, wheel_path: Path, capsys: pyte
     assert ns.func(ns) == 0
     out = capsys.readouterr().out
     path = Path(out.split("wheel: ")[1].split("\n")[0])
-    assert path == tmp_path / built.first.path.name
+    # Shown relative to the working folder when it lies inside (pytest's may: build/tmp/).
+    assert Path.cwd() / path == tmp_path / built.first.path.name
     assert f"sha256: {built.first.sha256}" in out  # same series, other folder: same bytes
     assert "1 changed, 1 new, 1 deleted" in out
 
