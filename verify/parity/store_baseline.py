@@ -149,12 +149,18 @@ def compare_outputs(patched: dict[str, Any], baseline: dict[str, Any], keep: int
 
 def _worker_main(inputs: Path, output: Path) -> None:
     """Runs under one tree: fp8-store every saved case, save the resulting pool bytes."""
+    import importlib
+
     import sglang
-    from sglang.kernels.ops.attention.dsv4.compress import (
-        CompressorDecodePlan,
-        CompressorPrefillPlan,
-        compress_norm_rope_store,
-    )
+
+    from verify import platform as P
+
+    got = P.load("compress_store")  # the one loader, from whichever tree this worker imports
+    if isinstance(got, P.Missing):
+        raise SystemExit(f"store baseline worker: {got.reason}")
+    compress_norm_rope_store = got.obj
+    compress = importlib.import_module(compress_norm_rope_store.__module__)
+    CompressorDecodePlan, CompressorPrefillPlan = compress.CompressorDecodePlan, compress.CompressorPrefillPlan
 
     # cuda on the GPU machine; cpu only for the tests of this plumbing (with a stand-in tree).
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
