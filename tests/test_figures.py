@@ -31,3 +31,36 @@ def test_a_figure_edited_by_hand_or_an_artifact_that_moved_is_caught(tmp_path: P
     assert any("'diagnosis' differs" in p for p in problems)
     rendered, _ = figures.render(text, tmp_path)
     assert "Not measured yet" in rendered
+
+
+def _means(rel: str) -> dict[tuple[str, int, int], dict[str, float]]:
+    import json
+
+    res = json.loads((ROOT / rel).read_text())
+    return {(e["arm"], e["topk"], e["length_tokens"]): {"same": e["recall_tie"]["mean"], "exact": e.get("recall_tie_unq", {}).get("mean", float("nan"))}
+            for e in res["per_length"]}
+
+
+def test_the_cpu_emulation_reproduces_the_h200_run_where_both_have_the_arm() -> None:
+    """verify/results/cpu/README.md says so; the emulation is exact, so only the GPU's fp8 scorer's
+    own rounding may differ."""
+    cpu, gpu = _means(f"{figures.CPU}/recall/results.json"), _means(f"{figures.H200}/recall/results.json")
+    shared = [k for k in gpu if k in cpu]
+    assert len(shared) >= 40
+    worst = max(abs(cpu[k]["same"] - gpu[k]["same"]) for k in shared)
+    assert worst < 5e-4, worst
+
+
+def test_what_the_cpu_readme_says_about_the_q_holds_at_every_length_the_indexer_must_choose() -> None:
+    """Against the exact-q oracle: fp8 keys < bf16 keys < bf16 keys with a bf16 q, and the q's
+    rounding costs bf16 keys more than what is left after removing it."""
+    cpu = _means(f"{figures.CPU}/recall/results.json")
+    checked = 0
+    for (arm, topk, n), m in cpu.items():
+        if arm != "bf16" or n < 4 * topk + 4 * 64:
+            continue
+        fp8, bf16q = cpu[("fp8", topk, n)]["exact"], cpu[("bf16q", topk, n)]["exact"]
+        assert fp8 < m["exact"] < bf16q, (topk, n)
+        assert bf16q - m["exact"] > 1 - bf16q, (topk, n)
+        checked += 1
+    assert checked >= 10

@@ -20,7 +20,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "verify/results"
 H200 = f"{RESULTS}/h200"
-DOCS = ("README.md", f"{H200}/README.md")
+CPU = f"{RESULTS}/cpu"
+DOCS = ("README.md", f"{H200}/README.md", f"{CPU}/README.md")
+# The CPU emulation at the H200 run's lengths and sampling (the exact quantization semantics of
+# every format, no kernel): what produced verify/results/cpu/recall/.
+CPU_TIER2_COMMAND = ("python -m verify.recall --backend cpu --out verify/results/cpu/recall --lengths 338 2048 4509 "
+                     "5200 8000 12000 22597 32768 65536 131072 --sequences 2 --residues all")
 BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.DOTALL)
 
 TIER2_LENGTHS = (4509, 22597, 131072)
@@ -46,10 +51,17 @@ def _missing(rel: str, command: str) -> str:
 
 
 def tier2(root: Path) -> str:
-    rel = f"{H200}/recall/results.json"
+    return _tier2(root, f"{H200}/recall/results.json", "verify/gpu/run.sh setup tier2")
+
+
+def tier2_cpu(root: Path) -> str:
+    return _tier2(root, f"{CPU}/recall/results.json", CPU_TIER2_COMMAND)
+
+
+def _tier2(root: Path, rel: str, command: str) -> str:
     res = _load(root, rel)
     if res is None:
-        return _missing(rel, "verify/gpu/run.sh setup tier2")
+        return _missing(rel, command)
     by = {(e["arm"], e["topk"], e["length_tokens"]): e for e in res["per_length"]}
     arms = [(a, label) for a, label in TIER2_ARMS if any(k[0] == a for k in by)]
     lengths = [n for n in TIER2_LENGTHS if ("bf16", 512, n) in by]
@@ -73,8 +85,10 @@ def tier2(root: Path) -> str:
     platform = res["config"].get("platform", "auto (before platform profiles: upstream's torch fp8 fallback)")
     out = [
         (f"Tie-aware top-512 recall, {'same-q / exact-q oracle' if exact else 'same-q oracle'} "
-        f"({res['versions'].get('device', '?')}, fp8 path of platform `{platform}`: "
-        f"`{res['backend']['paths'].get('score_fp8', '?').split(' (')[0]}`; source `{rel}`):"),
+        + (f"(CPU emulation of every format's quantization, no kernel ran; source `{rel}`):"
+           if res["backend"].get("name", "").startswith("cpu") or res["config"].get("backend") == "cpu" else
+           f"({res['versions'].get('device', '?')}, fp8 path of platform `{platform}`: "
+           f"`{res['backend']['paths'].get('score_fp8', '?').split(' (')[0]}`; source `{rel}`):")),
         "",
         *lines,
         "",
@@ -201,6 +215,7 @@ def speed(root: Path) -> str:
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "speed": speed,
     "tier2": tier2,
+    "tier2-cpu": tier2_cpu,
     "forward": forward,
     "diagnosis": diagnosis,
     "parity": parity,
