@@ -398,11 +398,14 @@ def to_markdown(
         lines += [f"### `{e.name}` ({e.cls})", ""]
         used: set[int] = set()
         for h in e.hunks:
-            found = lookup(reasons, e.name, h.path, h.scope) if h.path != MESSAGE else []
+            found = lookup(reasons, e.name, h.path, h.scope)
             used |= {id(r) for r in found}
-            why = "; ".join(r.why for r in found) or "*no reason recorded*"
-            where = f"`{short(h.path)}`" + (f" (`{h.scope}`)" if h.scope else "")
-            lines += [f"- {where}: {why}", "", "  ```diff", *[f"  {line}" for line in h.lines], "  ```", ""]
+            if h.path == MESSAGE:  # the message says why itself
+                head = "- The commit message" + (": " + "; ".join(r.why for r in found) if found else "")
+            else:
+                why = "; ".join(r.why for r in found) or "*no reason recorded*"
+                head = f"- `{short(h.path)}`" + (f" (`{h.scope}`)" if h.scope else "") + f": {why}"
+            lines += [head, "", "  ```diff", *[f"  {line}" for line in h.lines], "  ```", ""]
         rest = [r for r in mine if id(r) not in used]
         if rest:
             lines += ["Hand-merged, the patch's own lines kept as they were:", ""]
