@@ -113,7 +113,7 @@ def for_conflicts(
         for c in picked:
             if c not in selected:
                 selected.append(c)
-    header = f"what {version} changed there (upstream only, per function, old -> new release):"
+    header = f"what upstream changed there, {version} (upstream only, per function):"
     lines = _render(selected, header, repo_label, old_ref, new_ref)
     if not lines:
         files = sorted({h.path for h in hunks})
@@ -158,7 +158,7 @@ def for_tests(
         return 1 if c.scope == pyscope.MODULE else 2  # a module the test itself executed
 
     selected.sort(key=rank)
-    header = f"upstream's change in functions the failing tests ran ({version} vs the old release):"
+    header = f"upstream's change in functions the failing tests ran, {version}:"
     lines = _render(selected, header, repo_label, old_ref, new_ref)
     if not lines:
         files = sorted({p for per_file in calls.values() for p in per_file} & changes.changed)

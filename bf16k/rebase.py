@@ -350,7 +350,7 @@ def stop_message(root: Path, repo: Path, state: dict[str, Any], stop: Stop) -> s
         lines += [
             "  " + line
             for line in context.for_conflicts(
-                repo, state["old_base"], state["new_base"], hunks, version=version, repo_label=where,
+                repo, state["old_base"], state["new_base"], hunks, version=f"{state['old_version']} -> {version}", repo_label=where,
                 old_ref=OLD_BASE_REF, new_ref=NEW_BASE_REF,
             )
         ]  # fmt: skip
@@ -937,7 +937,7 @@ def _replay_stop_message(root: Path, repo: Path, state: dict[str, Any], stop: St
         lines += [
             "  " + line
             for line in context.for_conflicts(
-                repo, state["old_base"], state["new_base"], hunks, version=version, repo_label=where,
+                repo, state["old_base"], state["new_base"], hunks, version=f"{state['old_version']} -> {version}", repo_label=where,
                 old_ref=OLD_BASE_REF, new_ref=NEW_BASE_REF,
             )
         ]  # fmt: skip
@@ -1036,7 +1036,7 @@ def _failure_lines(
     lines += [
         "  " + line
         for line in context.for_tests(
-            repo, state["old_base"], state["new_base"], calls, version=state["version"], repo_label=where,
+            repo, state["old_base"], state["new_base"], calls, version=f"{state['old_version']} -> {state['version']}", repo_label=where,
             old_ref=OLD_BASE_REF, new_ref=NEW_BASE_REF, hint="\n".join(f.text for f in failures),
         )
     ]  # fmt: skip

@@ -54,7 +54,17 @@ class TestPython:
         return env
 
 
+_probed: dict[str, TestPython | None] = {}
+
+
 def _probe(python: str) -> TestPython | None:
+    """Whether ``python`` imports the test dependencies, and sees CUDA (asked once per process)."""
+    if python not in _probed:
+        _probed[python] = _ask(python)
+    return _probed[python]
+
+
+def _ask(python: str) -> TestPython | None:
     try:
         proc = subprocess.run(
             [python, "-c", _PROBE], capture_output=True, text=True, timeout=180, check=False

@@ -261,7 +261,9 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(two_pat
     assert code == 1, err
     assert f"stopped at patch 3 of 3: '{CONFLICT_NAME}'" in out
     assert f"    {INDEXER}" in out
-    hunk_lines = [int(line.rsplit(":", 1)[1]) for line in out.splitlines() if f"{INDEXER}:" in line]
+    hunk_lines = [
+        int(line.split(f"{INDEXER}:", 1)[1].split()[0]) for line in out.splitlines() if f"{REL}/{INDEXER}:" in line
+    ]
     assert hunk_lines, out
     text = (tree / INDEXER).read_text().split("\n")
     assert all(text[n - 1].startswith("<<<<<<< ") for n in hunk_lines)
@@ -338,8 +340,8 @@ def test_patches_upstream_already_has_are_dropped_and_recorded(two_patch_product
     carried = upstream.read_carried(nxt)
     assert carried["dropped"] == {auto: REL, stopped: REL}
     md = (nxt / "range-diff.md").read_text()
-    assert f"| 3 → – | `{auto}` | dropped | Applied-Upstream: {REL} |" in md
-    assert f"| 4 → – | `{stopped}` | dropped | Applied-Upstream: {REL} |" in md
+    assert f"| 3 → – | `{auto}` | dropped | – | Applied-Upstream: {REL} |" in md
+    assert f"| 4 → – | `{stopped}` | dropped | – | Applied-Upstream: {REL} |" in md
     changelog = (p.root / "CHANGELOG.md").read_text()
     assert f"`{stopped}` (Applied-Upstream: {REL})" in changelog
     assert patches.check(project.target(p.root, REL)).problems == []
