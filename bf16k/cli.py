@@ -87,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns, rest = parser.parse_known_args(argv)
+    if rest and not getattr(ns, "wants_rest", False):  # only `tests` passes arguments on (to pytest)
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        return int(ns.func(ns))
+        return int(ns.func(ns, rest) if getattr(ns, "wants_rest", False) else ns.func(ns))
     except ToolError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

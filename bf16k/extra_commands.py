@@ -40,6 +40,29 @@ def cmd_test_env(ns: argparse.Namespace) -> int:
     return testenv.run(root, args, label=ns.label)
 
 
+def cmd_tests(ns: argparse.Namespace, rest: list[str]) -> int:
+    """The project's tests; with --upstream, the series' own tests on that release's tree alone."""
+    import subprocess
+    import sys
+
+    from bf16k import patches, seriestests
+
+    t = _target(ns)
+    patches.apply(t)
+    if ns.upstream is not None:  # one release's tree, its series tests only (never mixed with another)
+        python = seriestests.find_python(t.root, sys.executable)
+        version = t.version or t.load_pin().version
+        print(f"series tests on sglang {version} ({t.upstream_dir}): {seriestests.SERIES_TESTS}", flush=True)
+        # Paths (in that tree) select tests; everything else is a pytest option (-k expr, -x, ...).
+        paths = [a for a in rest if not a.startswith("-") and (t.upstream_dir / a).exists()]
+        options = [a for a in rest if a not in paths]
+        result = seriestests.run(python, t.upstream_dir, select=paths or None, extra=options, stream=True)
+        print(f"sglang {version}: {result.summary()}")
+        return 0 if result.ok else 1
+    targets = rest or ["tests", f"{t.upstream_dir.name}/{seriestests.SERIES_TESTS}"]
+    return subprocess.run([sys.executable, "-m", "pytest", *targets], cwd=t.root, check=False).returncode
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "test-env", help="run python in the one environment the test sessions share (.nox/test-env)"
@@ -47,6 +70,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--label", default="test-env", help="names its temporary folder build/tmp/LABEL-PID")
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the arguments for its python")
     p.set_defaults(func=cmd_test_env)
+
+    p = sub.add_parser(
+        "tests", help="the project's tests (tooling, verification, series); --upstream V: that tree's series tests"
+    )
+    p.add_argument("--upstream", metavar="VERSION", help="only the series' tests, on this carried release's tree")
+    p.set_defaults(func=cmd_tests, wants_rest=True)
 
     p = sub.add_parser("build", help="compile every CUDA kernel instantiation the bf16 path uses")
     p.add_argument("--upstream", metavar="VERSION", help="build a carried release's tree")

@@ -182,7 +182,7 @@ def apply(
         return up
     if dirty and stop_if_dirty:
         raise ToolError(
-            f"{repo} has uncommitted changes ({len(dirty)} paths, e.g. {dirty[0][3:]}); "
+            f"{repo} has uncommitted changes ({len(dirty)} path{'' if len(dirty) == 1 else 's'}, e.g. {dirty[0][3:]}); "
             "commit and export them, or run apply without --stop-if-dirty to save them to a ref"
         )
     saved = save_work(repo, state, up.base)
@@ -318,7 +318,9 @@ def export(t: Target, *, force: bool = False) -> None:
         )
     dirty = [line for line in gitutil.dirty_paths(repo)]
     if dirty:
-        print(f"note: {len(dirty)} uncommitted path(s) in {repo.name} are not exported (commit them first)")
+        n = len(dirty)
+        print(f"note: {n} uncommitted {'path' if n == 1 else 'paths'} in {repo.name} {'is' if n == 1 else 'are'} "
+              "not exported (commit them first)")  # fmt: skip
     patches = export_commits(repo, base)
     removed = write_series(t.series_dir, patches)
     pin.fingerprint = fingerprint_for(t.series_dir, repo, base)
@@ -414,7 +416,8 @@ def check(t: Target, *, source: str = "auto", wheel_file: Path | None = None) ->
                 "pin fingerprint does not match the files the series touches (run `nox -s export`): "
                 + ", ".join(sorted({p for p, _ in stale}))
             )
-    report.notes.append(f"{len(names)} patches apply on the pin and export byte-identically")
+    where = "the pin" if not t.carried else f"sglang {pin.version} (the carried release)"
+    report.notes.append(f"{len(names)} patches apply on {where} and export byte-identically")
     return report
 
 
@@ -424,13 +427,13 @@ def check(t: Target, *, source: str = "auto", wheel_file: Path | None = None) ->
 def status(t: Target) -> list[str]:
     pin = t.load_pin()
     repo = t.upstream_dir
-    lines = [f"{t.label} {pin.version} ({pin.tag or 'no tag'}), series {t.series_dir.relative_to(t.root)}"]
+    lines = [f"{t.label} {pin.version} ({pin.tag or 'no tag'}), series in {t.series_dir.relative_to(t.root)}/"]
     names = series.read_order(t.series_dir)
     current = series.series_hash(t.series_dir)
     lines.append(f"series: {len(names)} patches, hash {current[:12]}")
     if not gitutil.is_repo(repo):
         lines.append(f"upstream: not set up at {repo} (run `nox -s apply`)")
-        return lines
+        return lines + _carry_lines(t)
     state = upstream.read_state(repo)
     base_proc = gitutil.git(["rev-parse", "--verify", "-q", upstream.BASE_REF], repo, check=False)
     base = base_proc.stdout.decode().strip() if base_proc.returncode == 0 else ""
@@ -438,7 +441,7 @@ def status(t: Target) -> list[str]:
     if am_in_progress(repo):
         lines.append("state: a `git am` is in progress (rebase or interrupted apply)")
     if not base:
-        return lines
+        return lines + _carry_lines(t)
     commits = gitutil.out(["log", "--reverse", "--format=%h %s", f"{base}..HEAD"], repo).splitlines()
     lines.append(f"applied: {len(commits)} patch commits on the base")
     lines += [f"  {c}" for c in commits]
@@ -452,8 +455,16 @@ def status(t: Target) -> list[str]:
     lines.append("drift: none (commits export to series/ byte for byte)" if not drift else
                  "drift: commits differ from series/ for " + ", ".join(drift) + " (export or apply)")
     dirty = gitutil.dirty_paths(repo)
-    lines.append(f"uncommitted: {len(dirty)} path(s)" + (f", e.g. {dirty[0][3:]}" if dirty else ""))
+    n = len(dirty)
+    lines.append(f"uncommitted: {n} {'path' if n == 1 else 'paths'}" + (f", e.g. {dirty[0][3:]}" if dirty else ""))
     saved = gitutil.out(["for-each-ref", "--format=%(refname)", SAVED_PREFIX], repo).splitlines()
     if saved:
         lines.append(f"saved work refs: {len(saved)} (latest {saved[-1]})")
-    return lines
+    return lines + _carry_lines(t)
+
+
+def _carry_lines(t: Target) -> list[str]:
+    """A stopped carry and the carried series, whichever release `status` was asked about."""
+    from bf16k import carrystatus  # late: status is the only user here
+
+    return carrystatus.in_progress_lines(t.root) + carrystatus.carried_lines(t.root)

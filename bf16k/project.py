@@ -95,8 +95,19 @@ def target(root: Path, upstream: str | None) -> Target:
     t = Target(root, upstream)
     if not t.pin_path.is_file():
         available = sorted(p.name for p in (root / "series" / "next").glob("*") if p.is_dir())
+        older = _key(upstream) < _key(pinned.version)
+        make = (
+            f"port the series back to it with `nox -s rebase -- {upstream} --allow-older` (older than the "
+            f"pinned {pinned.version}: a port)"
+            if older
+            else f"create one with `nox -s rebase -- {upstream}`"
+        )
         raise ToolError(
             f"no carried series for {upstream} (expected {t.pin_path}); "
-            f"available: {', '.join(available) or 'none'}; create one with `nox -s rebase -- {upstream}`"
+            f"available: {', '.join(available) or 'none'}; {make}"
         )
     return t
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", version))

@@ -10,13 +10,15 @@ a reviewer only needs to read the second. So each `!` pair is split by comparing
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bf16k import gitutil, patches, project, series, upstream
+from bf16k import carried, gitutil, patches, project, pyscope, series, upstream
 from bf16k.errors import ToolError
 from bf16k.project import Target
+from bf16k.reasons import Reason, lookup
 
 UNCHANGED = "unchanged"
 CONTEXT_ONLY = "context-only"
@@ -34,6 +36,18 @@ ChangedLines = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
 
 
 @dataclass
+class HunkChange:
+    """One place where a patch's own +/- lines differ between the two series (context ignored)."""
+
+    path: str  # a file, or MESSAGE for the commit message
+    scope: str  # pyscope qualname in the new patch's result ("" module level)
+    lines: list[str]  # interdiff: outer marker + the patch line (` +x`, `-+y`, `++z`)
+
+
+MESSAGE = "commit message"
+
+
+@dataclass
 class Entry:
     cls: str
     old_pos: int | None  # 1-based position in the old series
@@ -43,6 +57,7 @@ class Entry:
     subject: str
     note: str = ""
     body: list[str] = field(default_factory=list)  # range-diff's diff-of-diffs for this pair
+    hunks: list[HunkChange] = field(default_factory=list)  # the patch's own changed hunks, each once
 
     @property
     def name(self) -> str:
@@ -132,6 +147,110 @@ def describe_change(old: ChangedLines, new: ChangedLines) -> str:
     return "; ".join(parts)
 
 
+@dataclass
+class _Block:
+    """One -U0 hunk of a patch: a run of removed and added lines at one place."""
+
+    path: str
+    new_start: int
+    lines: list[str]  # with their +/- markers
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return tuple(self.lines)
+
+
+def _blocks(repo: Path, commit: str) -> dict[str, list[_Block]]:
+    text = gitutil.git(["show", "--format=", "--no-color", "-U0", "--no-ext-diff", commit], repo).stdout
+    result: dict[str, list[_Block]] = {}
+    current = ""
+    minus_left = plus_left = 0
+    for raw in text.decode("utf-8", errors="replace").split("\n"):
+        if minus_left or plus_left:
+            if raw.startswith("-") and minus_left:
+                result[current][-1].lines.append(raw)
+                minus_left -= 1
+                continue
+            if raw.startswith("+") and plus_left:
+                result[current][-1].lines.append(raw)
+                plus_left -= 1
+                continue
+            if raw.startswith("\\"):
+                continue
+        if raw.startswith("diff --git "):
+            m = re.match(r"diff --git a/(\S+) b/(\S+)", raw)
+            current = m.group(2) if m else raw
+            result.setdefault(current, [])
+        elif raw.startswith("@@ "):
+            m = re.match(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", raw)
+            if m:
+                minus_left = int(m.group(1)) if m.group(1) is not None else 1
+                plus_left = int(m.group(3)) if m.group(3) is not None else 1
+                result[current].append(_Block(current, int(m.group(2)), []))
+    return result
+
+
+_TRAILER_NOISE = re.compile(r"^(Last-Update|Patch-Filename):.*$")
+
+
+def _message_lines(repo: Path, commit: str) -> list[str]:
+    return [line for line in _message(repo, commit).splitlines() if not _TRAILER_NOISE.match(line)]
+
+
+def hunk_changes(repo: Path, old_commit: str, new_commit: str) -> list[HunkChange]:
+    """Where the patch's own +/- lines differ, one entry per changed place, in file order.
+
+    Compared as -U0 blocks, so context lines and how git groups nearby changes into hunks do
+    not count; a block is scoped in the new patch's resulting file.
+    """
+    old, new = _blocks(repo, old_commit), _blocks(repo, new_commit)
+    changes: list[HunkChange] = []
+    files: dict[str, list[str]] = {}
+
+    def scope(path: str, line: int) -> str:
+        if path not in files:
+            proc = gitutil.git(["show", f"{new_commit}:{path}"], repo, check=False)
+            files[path] = proc.stdout.decode("utf-8", errors="replace").split("\n") if proc.returncode == 0 else []
+        return pyscope.scope_at(files[path], max(line, 1)) if files[path] else ""
+
+    for path in list(new) + [p for p in old if p not in new]:
+        a, b = old.get(path, []), new.get(path, [])
+        sm = difflib.SequenceMatcher(a=[x.key for x in a], b=[x.key for x in b], autojunk=False)
+        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+            if tag == "equal":
+                continue
+            pairs: list[tuple[list[_Block], list[_Block]]]
+            if tag == "replace" and i2 - i1 == j2 - j1:
+                pairs = [([a[i1 + n]], [b[j1 + n]]) for n in range(i2 - i1)]
+            else:
+                pairs = [(a[i1:i2], b[j1:j2])]
+            for olds, news in pairs:
+                before = [line for blk in olds for line in blk.lines]
+                after = [line for blk in news for line in blk.lines]
+                start = news[0].new_start if news else (olds[0].new_start if olds else 1)
+                # A block can be a whole new file: one entry per place that differs inside it.
+                matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+                for group in matcher.get_grouped_opcodes(2):
+                    lines: list[str] = []
+                    first_change = None
+                    for op, a1, a2, b1, b2 in group:
+                        if op == "equal":
+                            lines += [" " + x for x in before[a1:a2]]
+                            continue
+                        if first_change is None:
+                            first_change = b1
+                        lines += ["-" + x for x in before[a1:a2]] + ["+" + x for x in after[b1:b2]]
+                    # File line of the first changed place: the block's start plus the added
+                    # lines before it (a -U0 block's new side is its + lines).
+                    at = start + sum(1 for x in after[: first_change or 0] if x.startswith("+"))
+                    changes.append(HunkChange(path, scope(path, at), lines))
+    ma, mb = _message_lines(repo, old_commit), _message_lines(repo, new_commit)
+    if ma != mb:
+        lines = list(difflib.unified_diff(ma, mb, lineterm="", n=1))[2:]
+        changes.append(HunkChange(MESSAGE, "", lines))
+    return changes
+
+
 # --------------------------------------------------------------------------- classification
 
 
@@ -196,6 +315,7 @@ def _classify_pair(repo: Path, entry: Entry, oc: str, nc: str) -> None:
     else:
         entry.cls = CONTENT_CHANGED
         entry.note = describe_change(before, after)
+        entry.hunks = hunk_changes(repo, oc, nc)
 
 
 def _pair_by_name(repo: Path, entries: list[Entry], old: list[str], new: list[str]) -> list[Entry]:
@@ -239,28 +359,69 @@ def _message(repo: Path, commit: str) -> str:
 # --------------------------------------------------------------------------- markdown
 
 
-def to_markdown(rd: RangeDiff, title: str, old_label: str, new_label: str) -> str:
-    """The PR-description form: a table per patch, the summary, git's own output folded away."""
+def short(path: str) -> str:
+    """A path as a PR reader needs it: upstream's package prefix dropped."""
+    return path.removeprefix("python/sglang/")
+
+
+def hand_merged(entry: Entry, reasons: list[Reason]) -> list[str]:
+    """Files of a patch a human touched in the carry: changed hunks and recorded resolutions."""
+    files = [h.path for h in entry.hunks if h.path != MESSAGE]
+    files += [r.path for r in reasons if r.patch == entry.name and r.path]
+    return list(dict.fromkeys(files))
+
+
+def to_markdown(
+    rd: RangeDiff, title: str, old_label: str, new_label: str, reasons: list[Reason] | None = None
+) -> str:
+    """The PR-description form: per patch its class and hand-merged files, then every changed
+    hunk once with the maintainer's reason (``reasons``, from the carry's ``--continue``)."""
+    reasons = reasons or []
 
     def pos(p: int | None) -> str:
         return str(p) if p is not None else "–"
 
     lines = [f"## {title}", "", f"Before: {old_label}  ", f"After: {new_label}", ""]
-    lines += ["| # | patch | result | note |", "| --- | --- | --- | --- |"]
+    lines += ["| # | patch | result | hand-merged files | note |", "| --- | --- | --- | --- | --- |"]
     for e in rd.entries:
         note = e.note.replace("|", "\\|")
-        lines.append(f"| {pos(e.old_pos)} → {pos(e.new_pos)} | `{e.name}` | {e.cls} | {note} |")
+        if e.cls == CONTENT_CHANGED:
+            n = len(e.hunks)
+            note = f"{n} changed hunk{'s' if n != 1 else ''}, below"
+        files = ", ".join(f"`{short(f)}`" for f in hand_merged(e, reasons)) or "–"
+        lines.append(f"| {pos(e.old_pos)} → {pos(e.new_pos)} | `{e.name}` | {e.cls} | {files} | {note} |")
     lines += ["", f"Summary: {rd.summary()}.", ""]
-    changed = [e for e in rd.entries if e.cls == CONTENT_CHANGED]
-    if changed:
-        lines.append("Content changes to review:")
-        lines.append("")
-        for e in changed:
-            lines += [f"<details><summary><code>{e.name}</code></summary>", "", "```diff", *e.body, "```", "",
-                      "</details>", ""]  # fmt: skip
-    lines += ["<details><summary>git range-diff</summary>", "", "```", rd.raw.rstrip("\n"), "```", "",
-              "</details>", ""]  # fmt: skip
+    for e in rd.entries:
+        mine = [r for r in reasons if r.patch == e.name]
+        if not e.hunks and not mine:
+            continue
+        lines += [f"### `{e.name}` ({e.cls})", ""]
+        used: set[int] = set()
+        for h in e.hunks:
+            found = lookup(reasons, e.name, h.path, h.scope)
+            used |= {id(r) for r in found}
+            if h.path == MESSAGE:  # the message says why itself
+                head = "- The commit message" + (": " + "; ".join(r.why for r in found) if found else "")
+            else:
+                why = "; ".join(r.why for r in found) or "*no reason recorded*"
+                head = f"- `{short(h.path)}`" + (f" (`{h.scope}`)" if h.scope else "") + f": {why}"
+            lines += [head, "", "  ```diff", *[f"  {line}" for line in h.lines], "  ```", ""]
+        rest = [r for r in mine if id(r) not in used]
+        if rest:
+            lines += ["Hand-merged, the patch's own lines kept as they were:", ""]
+            for r in rest:
+                lines.append(f"- `{short(r.path)}`" + (f" (`{r.scope}`)" if r.scope else "") + f": {r.why}")
+            lines.append("")
     return "\n".join(lines)
+
+
+def unexplained(rd: RangeDiff, reasons: list[Reason]) -> list[str]:
+    """Changed hunks no recorded reason covers (the commit message's own edits excepted)."""
+    return [
+        f"{e.name}: {h.path}" + (f" ({h.scope})" if h.scope else "")
+        for e in rd.entries for h in e.hunks
+        if h.path != MESSAGE and not lookup(reasons, e.name, h.path, h.scope)
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- series against series
@@ -311,6 +472,7 @@ def series_range_diff(root: Path, version: str) -> tuple[RangeDiff, str]:
         f"`series/` on sglang {old_pin.version} (base `{old_base[:12]}`)",
         f"`series/next/{version}/` on sglang {pin.version} "
         f"(PyPI wheel `{pin.wheel.filename}`, base `{up.base[:12]}`)",
+        carried.load(t.series_dir).resolutions,
     )
     return rd, md
 

@@ -105,12 +105,30 @@ def _carried_tree(root: Path) -> Path:
     return root / "build" / "upstream" / REL
 
 
+@pytest.fixture(autouse=True)
+def no_gate(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The carry's test gate, recorded instead of run.
+
+    These tests are about carrying itself (conflicts, replay, the pin, range-diff); their series
+    has no tests and touches the indexer module, which the gate's bisect would import at every
+    prefix (~20 s each) for nothing they look at. The gate runs for real in test_carry.py.
+    """
+    calls: list[str] = []
+
+    def record(root: Path, repo: Path, state: dict[str, object]) -> None:
+        calls.append(str(state["version"]))
+        state["verified"] = {"tests": "not run here", "tests_seconds": 0, "bisect": "", "bisect_seconds": 0}
+
+    monkeypatch.setattr(rebase, "_verify", record)
+    return calls
+
+
 # --------------------------------------------------------------------------- clean carry
 
 
 @pytest.mark.slow
 def test_clean_carry_writes_series_next_and_leaves_pin_alone(
-    two_patch_product: Product, wheel_523: Path
+    two_patch_product: Product, wheel_523: Path, no_gate: list[str]
 ) -> None:
     p = two_patch_product
     _context_only_patch(p)
@@ -126,6 +144,7 @@ def test_clean_carry_writes_series_next_and_leaves_pin_alone(
 
     code, out, err = _cli(p.root, "rebase", REL)
     assert code == 0, err
+    assert no_gate == [REL]  # the carry went through its test gate before writing anything
     assert "cleared 1 recorded rerere resolution" in out
     assert not (tree / ".git" / "rr-cache").exists()
 
@@ -157,8 +176,9 @@ def test_clean_carry_writes_series_next_and_leaves_pin_alone(
     assert "2 unchanged, 1 context-only (`indexer-add-a-context-marker.patch`), 0 content-changed" in md
     changelog = (p.root / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in changelog and "### Changed" in changelog
-    assert f"as `series/next/{REL}/`" in changelog and "the pin stays at 0.5.21" in changelog
-    assert "1 context-only" in changelog
+    flat = " ".join(changelog.split())
+    assert f"as `series/next/{REL}/`" in flat and "the pin stays at 0.5.21" in flat
+    assert "1 context-only" in flat
 
     # The carried series is a target of its own: applied already, it checks and exports clean.
     t = project.target(p.root, REL)
@@ -241,7 +261,9 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(two_pat
     assert code == 1, err
     assert f"stopped at patch 3 of 3: '{CONFLICT_NAME}'" in out
     assert f"    {INDEXER}" in out
-    hunk_lines = [int(line.rsplit(":", 1)[1]) for line in out.splitlines() if f"{INDEXER}:" in line]
+    hunk_lines = [
+        int(line.split(f"{INDEXER}:", 1)[1].split()[0]) for line in out.splitlines() if f"{REL}/{INDEXER}:" in line
+    ]
     assert hunk_lines, out
     text = (tree / INDEXER).read_text().split("\n")
     assert all(text[n - 1].startswith("<<<<<<< ") for n in hunk_lines)
@@ -250,7 +272,7 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(two_pat
 
     code, _, err = _cli(p.root, "rebase", "--skip")
     assert code == 2 and "--skip refused" in err and "is not upstream" in err
-    code, _, err = _cli(p.root, "rebase", "--continue")
+    code, _, err = _cli(p.root, "rebase", "--continue", "-m", "indexer.py: not yet")
     assert code == 2 and "conflict markers remain" in err
     assert _cli(p.root, "rebase", "0.5.22")[0] == 2  # one rebase at a time
 
@@ -271,10 +293,18 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(two_pat
     ]
     assert "".join(lines[start:end]).count("q, _ = self.wq_b(") == 2  # 0.5.23's call and the patch's
     (tree / INDEXER).write_text("\n".join(lines[:start] + resolved + lines[end + 1 :]))
-    code, out, err = _cli(p.root, "rebase", "--continue")
+    # The reason is required, per hunk, and named by its scope.
+    code, _, err = _cli(p.root, "rebase", "--continue")
+    assert code == 2 and "no reason for:\n  " + INDEXER + " (C4Indexer.compute_q)" in err
+    why = "0.5.23 feeds wq_b the fp8 group quant when there is one; keep that and make it contiguous"
+    code, out, err = _cli(p.root, "rebase", "--continue", "-m", f"indexer.py (C4Indexer.compute_q): {why}")
     assert code == 0, err + out
     md = (p.root / "series" / "next" / REL / "range-diff.md").read_text()
-    assert f"| 3 → 3 | `{CONFLICT_NAME}` | content-changed | {INDEXER}: -1/+1 lines became -1/+1 |" in md
+    assert (
+        f"| 3 → 3 | `{CONFLICT_NAME}` | content-changed | `srt/layers/attention/dsv4/indexer.py` | 1 changed hunk, below |"
+        in md
+    )
+    assert f"- `srt/layers/attention/dsv4/indexer.py` (`C4Indexer.compute_q`): {why}" in md
     carried = (p.root / "series" / "next" / REL / CONFLICT_NAME).read_text()
     assert (
         "+        q, _ = self.wq_b((q_lora if q_lora_quant is None else q_lora_quant).contiguous())"
@@ -310,8 +340,8 @@ def test_patches_upstream_already_has_are_dropped_and_recorded(two_patch_product
     carried = upstream.read_carried(nxt)
     assert carried["dropped"] == {auto: REL, stopped: REL}
     md = (nxt / "range-diff.md").read_text()
-    assert f"| 3 → – | `{auto}` | dropped | Applied-Upstream: {REL} |" in md
-    assert f"| 4 → – | `{stopped}` | dropped | Applied-Upstream: {REL} |" in md
+    assert f"| 3 → – | `{auto}` | dropped | – | Applied-Upstream: {REL} |" in md
+    assert f"| 4 → – | `{stopped}` | dropped | – | Applied-Upstream: {REL} |" in md
     changelog = (p.root / "CHANGELOG.md").read_text()
     assert f"`{stopped}` (Applied-Upstream: {REL})" in changelog
     assert patches.check(project.target(p.root, REL)).problems == []
@@ -435,12 +465,13 @@ def test_rebase_check_reports_per_patch_and_changes_nothing(two_patch_product: P
     code, out, err = _cli(p.root, "rebase-check", "--releases", REL)
     assert code == 0, err
     assert _tree_hash(p.root) == before
-    assert f"## sglang {REL}: conflict in 1 of 3 patch(es)" in out
+    assert f"## sglang {REL}: 1 of 3 patches conflict" in out
     assert "| 1 | `indexer-add-a-marker-line.patch` | clean |" in out
-    assert f"| 3 | `{CONFLICT_NAME}` | conflict | {INDEXER}:" in out
-    assert f"`series/next/{REL}/`: applies on its release and exports byte-identically" in out
+    assert f"| 3 | `{CONFLICT_NAME}` | conflict | `srt/layers/attention/dsv4/indexer.py:" in out
+    assert "(C4Indexer.compute_q) | – |" in out  # not carried yet: nothing resolves it
+    assert f"`series/next/{REL}/`: applies on its release, exports byte-identically, its series tests pass" in out
 
-    # A committed carried series that no longer applies is the one thing that fails the check.
+    # A committed carried series that no longer applies fails the check.
     nxt = p.root / "series" / "next" / REL
     first = nxt / series.read_order(nxt)[0]
     first.write_bytes(first.read_bytes().replace(b"\n FP8_DTYPE = ", b"\n FP8_DTYPE_RENAMED = ", 1))
@@ -449,6 +480,49 @@ def test_rebase_check_reports_per_patch_and_changes_nothing(two_patch_product: P
     assert code == 1
     assert f"`series/next/{REL}/`: **FAILS**" in out and "does not apply" in out
     assert _tree_hash(p.root) == before
+
+
+HELPER = "python/sglang/srt/layers/attention/dsv4/bf16k_helper.py"
+
+
+def test_rebase_check_counts_conflicts_the_way_a_carry_meets_them(two_patch_product: Product) -> None:
+    """Patch 3 conflicts and creates a module patch 4 edits. Left out, patch 3 would make patch 4
+    fail too (what the check used to count); a carry resolves 3 first and 4 applies cleanly."""
+    p = two_patch_product
+    f = p.upstream / INDEXER
+    f.write_text(f.read_text().replace(Q_SIGNATURE, Q_CONFLICT, 1))
+    (p.upstream / HELPER).write_text('"""bf16k test helper"""\nVALUE = 1\n')
+    gitutil.git(["add", "--", INDEXER, HELPER], p.upstream)
+    gitutil.git(["commit", "-q", "-m", f"[DSV4] indexer: contiguous q_lora and a helper\n\n{WHY}\n\n{TRAILERS}\n"],
+                p.upstream)  # fmt: skip
+    _add(p, HELPER, "VALUE = 1\n", "VALUE = 2\n", "[DSV4] helper: two")
+    patches.export(p.target)
+    gitutil.git(["add", "-A", "series", "pin.toml"], p.root)
+    gitutil.git(["commit", "-q", "-m", "series"], p.root)
+    names = series.read_order(p.root / "series")
+
+    code, out, err = _cli(p.root, "rebase-check", "--releases", REL, "--no-tests")
+    assert code == 0, err
+    assert f"## sglang {REL}: 1 of 4 patches conflict\n" in out
+    assert f"| 3 | `{names[2]}` | conflict |" in out and f"| 4 | `{names[3]}` | clean |" in out
+
+    # Carry it, resolving patch 3 by hand: now the check names the carried series that resolves it.
+    assert _cli(p.root, "rebase", REL)[0] == 1
+    tree = _carried_tree(p.root)
+    lines = (tree / INDEXER).read_text().split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("<<<<<<< "))
+    end = next(i for i, line in enumerate(lines) if line.startswith(">>>>>>> "))
+    fix = "        q, _ = self.wq_b((q_lora if q_lora_quant is None else q_lora_quant).contiguous())"
+    (tree / INDEXER).write_text("\n".join(lines[:start] + [fix] + lines[end + 1 :]))
+    code, out, err = _cli(p.root, "rebase", "--continue", "-m", "indexer.py: keep 0.5.23's quant, contiguous")
+    assert code == 0, out + err
+    gitutil.git(["add", "-A", "series", "CHANGELOG.md"], p.root)
+    gitutil.git(["commit", "-q", "-m", "carried"], p.root)
+    code, out, err = _cli(p.root, "rebase-check", "--releases", REL, "--no-tests")
+    assert code == 0, err
+    assert f"## sglang {REL}: 1 of 4 patches conflict, all resolved by a carried series" in out
+    assert f"`series/next/{REL}/` (replays cleanly) |" in out and f"| 4 | `{names[3]}` | clean |" in out
+    assert f"replays `series/next/{REL}/` cleanly for 4 patches" in out
 
 
 def test_newer_releases_skips_pre_releases_and_older(real_pin: pinmod.Pin) -> None:

@@ -1,0 +1,150 @@
+"""The parts a carry is built from: Python scopes, upstream's change cut to scopes, the per-hunk
+reasons, the replay merge, the range-diff's changed hunks and the CHANGELOG entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bf16k import gitutil, pyscope, rangediff, reasons, rebase, replay, upstream
+from bf16k import pin as pinmod
+from bf16k.reasons import Hunk
+
+POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+
+CONFLICTED = """import os
+
+
+class Pool:
+    size: int = 0
+<<<<<<< HEAD
+    pages: int = 1
+=======
+    fmt: str = "bf16"
+>>>>>>> patch
+
+    def create(self):
+        if self.size:
+<<<<<<< HEAD
+            return 1
+=======
+            return 2
+>>>>>>> patch
+
+
+def top():
+    return Pool()
+"""
+
+
+def test_scope_at_reads_indentation_even_with_conflict_markers() -> None:
+    lines = CONFLICTED.split("\n")
+    assert pyscope.scope_at(lines, 7) == "Pool"  # a class-body line between markers
+    assert pyscope.scope_at(lines, 15) == "Pool.create"
+    assert pyscope.scope_at(lines, 22) == "top"
+    assert pyscope.scope_at(lines, 21) == "top" and pyscope.scope_at(lines, 12) == "Pool.create"  # def lines
+    assert pyscope.scope_at(lines, 1) == ""
+    assert pyscope.normalize("Pool.create.<locals>.inner.<listcomp>") == "Pool.create.inner"
+
+
+@pytest.fixture(scope="session")
+def release_repo(tmp_path_factory: pytest.TempPathFactory, real_pin: pinmod.Pin) -> tuple[Path, str, str]:
+    """A repository with the real 0.5.21 import and the real 0.5.23 import on top of it."""
+    repo = tmp_path_factory.mktemp("releases") / "r"
+    wheel = rebase.release_wheel("0.5.23", real_pin)
+    rpin = rebase.release_pin(real_pin, rebase.Release("0.5.23", "v0.5.23", "wheel", "", ""), wheel)
+    old, new = upstream.materialize_carried(repo, rpin, real_pin, wheel)
+    return repo, old, new
+
+
+def test_release_changes_are_cut_to_functions(release_repo: tuple[Path, str, str]) -> None:
+    repo, old, new = release_repo
+    changes = {c.scope: c for c in pyscope.release_changes(repo, old, new, POOL)}
+    create = changes["DeepSeekV4IndexerPool._create_buffer"]
+    assert create.function
+    text = "\n".join(create.diff)
+    assert "-        num_pages = (self.size + self.page_size + 1) // self.page_size" in text
+    assert "_num_dsv4_physical_kv_pages(" in text
+    # The function's own diff, not the file's: far shorter than the whole file diff.
+    whole = gitutil.out(["diff", old, new, "--", POOL], repo).count("\n")
+    assert len(create.diff) < 40 < whole
+    # A change outside any function is its own small entry, never a whole class.
+    assert all(len(c.diff) < 80 for c in changes.values() if not c.function)
+
+
+def test_reasons_cover_hunks_by_file_tail_and_scope() -> None:
+    hunks = [Hunk("python/a/conn.py", "KVArgs", 10), Hunk("python/a/conn.py", "f", 20), Hunk("python/b/pool.py", "", 3)]
+    patch_of = {(h.path, h.scope): "p.patch" for h in hunks}
+    found, missing = reasons.parse("conn.py (KVArgs): kept both fields\nrandom words", hunks, patch_of, "conflict")
+    assert [(r.path, r.scope, r.why) for r in found] == [("python/a/conn.py", "KVArgs", "kept both fields")]
+    assert [h.label for h in missing] == ["python/a/conn.py (f)", "python/b/pool.py"]
+    found, missing = reasons.parse("a/conn.py: one reason for the file\nb/pool.py: x", hunks, patch_of, "tests")
+    assert not missing and {r.scope for r in found} == {"KVArgs", "f", ""}
+    # One hunk, one line of free text: it can only be about that hunk.
+    found, missing = reasons.parse("because 0.5.22 renamed it", hunks[:1], patch_of, "conflict")
+    assert not missing and found[0].why == "because 0.5.22 renamed it"
+    assert reasons.template(hunks[:1]) == ['-m "python/a/conn.py (KVArgs): <why>"']
+
+
+def test_changelog_entry_is_wrapped_and_replaced_by_key(tmp_path: Path) -> None:
+    (tmp_path / "CHANGELOG.md").write_text("# Changelog\n\n## [Unreleased]\n\n### Changed\n- other\n\n## [0.1.0]\n")
+    long = "Carried the series (6 patches) to 0.5.22 as `series/next/0.5.22/`; " + "because " * 40 + "end."
+    assert rebase.add_changelog(tmp_path, long, key="`series/next/0.5.22/`") == "added"
+    text = (tmp_path / "CHANGELOG.md").read_text()
+    assert all(len(line) <= 100 for line in text.splitlines())
+    assert rebase.add_changelog(tmp_path, "Carried the series again as `series/next/0.5.22/`.",
+                                key="`series/next/0.5.22/`") == "replaced"  # fmt: skip
+    text = (tmp_path / "CHANGELOG.md").read_text()
+    assert text.count("series/next/0.5.22") == 1 and "because" not in text and "- other" in text
+    assert text.index("- Carried the series again") < text.index("## [0.1.0]")
+
+
+def _commit(repo: Path, files: dict[str, str], subject: str) -> str:
+    for path, text in files.items():
+        (repo / path).write_text(text)
+    gitutil.git(["add", "-A"], repo)
+    gitutil.git(["commit", "-q", "-m", subject], repo)
+    return gitutil.rev_parse(repo, "HEAD")
+
+
+def test_replay_merges_series_edits_into_the_carried_result(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    repo.mkdir()
+    gitutil.git(["init", "-q"], repo)
+    lines = [f"line {i}" for i in range(30)]
+    text = "\n".join(lines) + "\n"
+    then = _commit(repo, {"a.py": text, "b.py": text}, "series then (O)")
+    carried = _commit(repo, {"a.py": text.replace("line 5\n", "line 5 resolved\n"), "c.py": "release\n"}, "carried (C)")
+    gitutil.git(["checkout", "-q", then], repo)
+    now = _commit(repo, {"a.py": text.replace("line 25\n", "line 25 edited\n"), "b.py": text + "more\n"}, "now (N)")
+    merged = replay.merge_trees(repo, then, carried, now)
+    assert merged.conflicts == []
+    show = gitutil.out(["show", f"{merged.tree}:a.py"], repo)
+    assert "line 5 resolved" in show and "line 25 edited" in show  # the resolution and the edit
+    assert gitutil.out(["show", f"{merged.tree}:c.py"], repo) == "release"  # the release's own files
+    # The edit meets the resolved line: a conflict, marked with the three sides' names.
+    gitutil.git(["checkout", "-q", then], repo)
+    clash = _commit(repo, {"a.py": text.replace("line 5\n", "line 5 edited\n")}, "clash")
+    merged = replay.merge_trees(repo, then, carried, clash)
+    assert merged.conflicts == ["a.py"]
+    body = gitutil.out(["show", f"{merged.tree}:a.py"], repo)
+    assert "<<<<<<< carried\nline 5 resolved\n||||||| series-then\nline 5\n=======\nline 5 edited\n>>>>>>> series-now" in body
+
+
+def test_hunk_changes_ignore_context_and_scope_each_change(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    repo.mkdir()
+    gitutil.git(["init", "-q"], repo)
+    body = "".join(f"    x{i} = {i}\n" for i in range(20))
+    src = f"def f():\n{body}    return 0\n\n\ndef g():\n    return 1\n"
+    base = _commit(repo, {"m.py": src}, "base")
+    old = _commit(repo, {"m.py": src.replace("    x3 = 3\n", "    x3 = 33\n").replace("return 1", "return 11")}, "p")
+    gitutil.git(["checkout", "-q", base], repo)
+    moved = src.replace("    x0 = 0\n", "    x0 = 0  # upstream\n")  # context only changes for the first hunk
+    nbase = _commit(repo, {"m.py": moved}, "release")
+    new = _commit(repo, {"m.py": moved.replace("    x3 = 3\n", "    x3 = 33\n").replace("return 1", "return 12")}, "p")
+    changes = rangediff.hunk_changes(repo, old, new)
+    assert [(c.path, c.scope) for c in changes] == [("m.py", "g")]
+    assert changes[0].lines == [" -    return 1", "-+    return 11", "++    return 12"]
+    del nbase
