@@ -4,13 +4,16 @@
 # (64 MiB per call, the repository included):
 #
 #   .whl/a/  tilelang 0.1.12                     (upstream's sm_120 C4 scorer, ~50 MB)
-#   .whl/b/  z3-solver, torch-c-dlpack-ext, cloudpickle, ml-dtypes (TileLang's needs, ~33 MB)
-#   .whl/c/  sglang's JIT-loader / import needs (~28 MB) and c/upstream/ the pinned sglang wheel
+#   .whl/b/  z3-solver, torch-c-dlpack-ext, cloudpickle, ml-dtypes (TileLang's needs) and
+#            transformers, tokenizers (sglang's config imports), ~45 MB
+#   .whl/c/  sglang's other JIT-loader / import needs (~14 MB) and c/upstream/ the pinned sglang
+#            wheel (~30 MB); transformers moved to b so that c plus the ~10 MB repository stays
+#            under one call's 64 MiB
 #
 # Carry them in consecutive calls while the machine is warm (`carry: [".whl/a"]`, then
 # `[".whl/b"]`, then `[".whl/c"]`); each call starts with `verify/gpu/run.sh install`, which
 # installs whatever bundle it finds into /tmp/bf16k-site (kept while the machine is held). The
-# TileLang bundles are needed only for the sm120 profile; `c` alone runs everything else.
+# bundle a is needed only for the sm120 profile; b and c for everything.
 # The GPU image has Python 3.12, torch, triton, numpy, matplotlib.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,12 +29,13 @@ get() {  # get DIR PKG...
     --python-version 3.12 --implementation cp "${plat[@]}" -d "$dir" "$@"
 }
 get "$dest/a" tilelang==0.1.12
-get "$dest/b" z3-solver==4.15.4.0 torch-c-dlpack-ext==0.1.5 cloudpickle ml-dtypes
+get "$dest/b" z3-solver==4.15.4.0 torch-c-dlpack-ext==0.1.5 cloudpickle ml-dtypes \
+  transformers==5.12.1 tokenizers==0.22.2
 get "$dest/c" \
   apache-tvm-ffi==0.1.11 msgspec orjson pybase64 starlette pyzmq pydantic pydantic_core annotated_types \
   typing_inspection dill ipython decorator jedi parso matplotlib-inline pexpect prompt_toolkit stack_data \
   traitlets wcwidth asttokens executing pure_eval ptyprocess ipython_pygments_lexers \
-  compressed-tensors==0.18.0 loguru gguf transformers==5.12.1 tokenizers==0.22.2 \
+  compressed-tensors==0.18.0 loguru gguf \
   openai==2.6.1 jiter distro sniffio partial_json_parser
 # The pinned upstream wheel, from the bf16k cache when `nox -s apply` already fetched it.
 whl=$("$py" -c 'import tomllib;print(tomllib.load(open("pin.toml","rb"))["wheel"]["filename"])')

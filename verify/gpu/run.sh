@@ -50,7 +50,9 @@ stage_install() {  # the carried bundle(s) into $SITE; the pinned sglang wheel k
 }
 
 stage_setup() {
-  [ -f "$SITE/.installed-c" ] || { echo "setup needs bundle c installed (carry .whl/c; run.sh install)" >&2; return 1; }
+  for b in b c; do  # sglang's imports: transformers in b, the rest and the pinned wheel in c
+    [ -f "$SITE/.installed-$b" ] || { echo "setup needs bundles b and c installed (carry .whl/$b; run.sh install)" >&2; return 1; }
+  done
   export PYTHONPATH=$SITE
   "$PY" -m bf16k apply --source wheel --wheel-file /tmp/bf16k-upstream-wheel/sglang-*.whl || return 1
   "$PY" -m bf16k build || return 1
