@@ -110,3 +110,16 @@ def test_selection_check_blames_the_topk_or_the_scorer():
     past = chosen.clone()
     past[2, 7] = 2999  # row 2 sees 2,999 keys: index 2,999 is past its length
     assert not check_selection(past, lens, q, w, keys, q, w, keys, 512).ok
+
+
+def test_scorer_logits_are_held_to_the_oracle_only_where_the_topk_reads_them():
+    # upstream's non-paged fp8 path gives rows of <= k keys an empty range (ke = ks): -inf logits
+    # the top-k never reads. Those rows must pass; a longer row with the same logits must not.
+    keys, q, w, lens, chosen = _problem()
+    logits = R.scores64(q, w, keys).float()
+    empty = logits.clone()
+    empty[0] = float("-inf")  # row 0 sees 100 keys <= 512
+    assert check_selection(chosen, lens, q, w, keys, q, w, keys, 512, empty).ok
+    empty[1] = float("-inf")  # row 1 sees 600 keys > 512: the top-k reads these logits
+    res = check_selection(chosen, lens, q, w, keys, q, w, keys, 512, empty)
+    assert not res.ok and res.numbers["scorer_finite"] is False

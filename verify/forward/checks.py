@@ -160,7 +160,10 @@ def check_selection(
         ch_valid = torch.where(ch < lens, ch, torch.full_like(ch, -1))
         s_same = scores64(q_prod[idx], w_prod[idx], stored_keys[:lens])
         tie = s_same.abs().amax(1) * TIE_REL
-        if prod_logits is not None:
+        # A row of at most k keys takes them all: upstream's top-k does not read its logits, and
+        # the non-paged fp8 path hands DeepGEMM an empty range for it (ke = ks), so its logits
+        # are -inf by design. The scorer is held to its oracle where the top-k reads it.
+        if prod_logits is not None and lens > k:
             from verify.recall.scoring import calc_diff
 
             lg = prod_logits[idx.to(prod_logits.device)][:, :lens].double().to(s_same.device)

@@ -209,6 +209,9 @@ class Arm:
                 indexer.forward(x=x_static, q_lora=q_static, forward_batch=cap_fb, attn_backend=backend)
             captured = backend.forward_metadata
             graph_calls = self.spies.take()
+            # The warm-up's and the capture's logits are the padding rows', not a step's: without
+            # this the first replay's check got them mixed with eager's and lost its logits.
+            self.spies.take_logits()
             q_static_out = self.q_log[-1]
         for p in pads:
             rig.finish(p)
