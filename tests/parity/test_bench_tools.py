@@ -125,9 +125,9 @@ def test_speed_report_renders_a_new_run(tmp_path: Path) -> None:
     long = [
         LongPrefillResult(
             8192, 2048, 8192,
-            arms={"bf16": {"ms": 3.0}, "bf16_grouped[2]": {"ms": 2.0}, "fp8_twin": {"ms": 1.8}},
+            arms={"bf16": {"ms": 3.0}, "fp8_twin": {"ms": 1.8}},
             floors=prefill_floors(lengths, 2048, 64),
-            dispatch_arm="bf16_grouped[2]",
+            dispatch_arm="bf16",
         )
     ]
     bench.write_outputs(tmp_path, {"gpu": "NVIDIA H200", "triton": "3.6.0"}, results, mtp, long)
@@ -135,11 +135,11 @@ def test_speed_report_renders_a_new_run(tmp_path: Path) -> None:
     assert "| 8 x 32,768 | 15.9 | 88 | 1.06 |" in text
     assert "| 8 x 2,048 in 131,072 | 6.0 | 5.5 | 1.09 | 9.0 |" in text
     assert "| 64 x 32,768, 2 | 140.0 | 150.0 | 1.07 | 280.0 | 190.0 |" in text
-    assert "| 8,192 | 2.00 | 3.00 | 1.80 |" in text
+    assert "| 8,192 | 3.00 | 3.00 | 1.80 |" in text
     assert "MTP verify (grouped) <= 1.15x one row per request: 1/1 (max 1.07x)" in text
     assert "within 1.2x of the best fixed split: 1/1 (max 1.09x)" in text
     assert "at >= 88% of 4.8 TB/s: 1/2 shapes" in text
-    assert "1/1 against the fp8 twin (max 1.11x)" in text
+    assert "0/1 against the fp8 twin (max 1.67x)" in text
     assert "| 1 x 8,192 | not measured |" in text  # a shape the run lacks
     # Without the new sections the report says what is missing and how to measure it.
     bench.write_outputs(tmp_path, {"gpu": "x"}, results[:2])

@@ -281,8 +281,10 @@ def test_parity_suite_smoke_on_cpu(tmp_path) -> None:  # type: ignore[no-untyped
     assert statuses["cuda_graph"] == "skip" and statuses["extra_memory"] == "skip"
     assert statuses["oracle[q=fp8,H=32]"] == "pass" and statuses["fp8_twin_vs_upstream_torch"] == "pass"
     # The kernel's group mode (MTP verify rows) and clean_logits, interpreted.
-    for name in ("group_rows[G=2]", "group_rows[G=4]", "group_rows_prefill", "clean_logits"):
+    for name in ("group_rows[G=2]", "group_rows[G=4]", "group_rows_static_split", "clean_logits"):
         assert statuses[name] == "pass", name
+    static = next(r for r in payload["results"] if r["name"] == "group_rows_static_split")["details"]
+    assert static["refused"] and set(static["refused"].values()) == {"refused"}
     clean = next(r for r in payload["results"] if r["name"] == "clean_logits")["details"]
     assert clean["plain_positions_left_unwritten"] > 0 and clean["groups_of_2_positions_left_unwritten"] > 0
 
@@ -308,11 +310,11 @@ def test_read_kernels_compile_for_sm90() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
     # Every variant production launches (decode length-aware with and without the tail fill,
-    # MTP groups of 2 and 4, prefill plain and grouped), bf16 q, and the fp8 twin.
-    assert len(lines) == 8, proc.stdout
+    # MTP groups of 2 and 4, prefill one row at a time), bf16 q, and the fp8 twin.
+    assert len(lines) == 7, proc.stdout
     assert all("wgmma=True" in line and "spill_bytes=0" in line for line in lines), proc.stdout
     assert all(re.search(r"loop async_wait=\[[12],", line) for line in lines), proc.stdout
-    assert sum("MTP verify" in line for line in lines) == 2 and sum("prefill" in line for line in lines) == 2
+    assert sum("MTP verify" in line for line in lines) == 2 and sum("prefill" in line for line in lines) == 1
 
 
 def test_prefill_floors_by_hand() -> None:
@@ -373,8 +375,9 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
     assert set(mtp.derived()) >= {"ratio_grouped_over_one_row", "ratio_ungrouped_over_one_row"}
     # 128 tokens, 32 keys (a 128-key-wide output); chunks of 48 rows.
     long = sc.run_long_prefill(128, module, args, run_once, device="cpu", chunk_bytes=48 * 128 * 4)
-    assert long.rows_per_chunk == 48 and long.dispatch_arm == f"bf16_grouped[{module.PREFILL_GROUP_ROWS}]"
-    assert {"bf16", "bf16_grouped[2]", "bf16_grouped[4]", "fp8_twin"} <= set(long.arms)
+    # the dispatch scores a prefill's rows one at a time (grouped rows need the length-aware split)
+    assert long.rows_per_chunk == 48 and long.dispatch_arm == "bf16"
+    assert {"bf16", "fp8_twin"} <= set(long.arms) and not any("grouped" in a for a in long.arms)
     assert long.arms["tilelang"]["ms"] is None and "not run" in long.arms["tilelang"]["error"]
     assert "ratio_dispatch_over_fp8_twin" in long.derived() and long.floors["fp8_nonpaged_ms"] > 0
     assert "target MTP verify" in sc.mtp_table([mtp]) and "target long prefill" in sc.long_prefill_table([long])

@@ -7,8 +7,8 @@ the key loads are pipelined (async copies into shared memory, the main loop's ``
 leaving tiles in flight), that shared memory fits an SM, and (Triton's bundled ``ptxas -v``)
 the registers a thread uses and whether any spill. The default set is what production launches:
 the decode config with the length-aware split (as the indexer calls it, ``clean_logits=False``;
-and with the tail fill), MTP verify groups of 2 and 4, the prefill config plain and in groups of
-``PREFILL_GROUP_ROWS`` under the prefill group config, and the fp8 twin. Run it as::
+and with the tail fill), MTP verify groups of 2 and 4, the prefill config (one row at a time:
+grouped rows run only under the length-aware split), and the fp8 twin. Run it as::
 
     PYTHONPATH=<repo>:<patched tree>/python python -m verify.bench.read_compile [--all]
 """
@@ -205,18 +205,12 @@ def bf16_constexprs(module: Any, config: Any, *, group_rows: int, length_aware: 
 def production_variants(module: Any) -> list[tuple[str, Any, dict[str, Any]]]:
     """(name, config, launch options) of every bf16 kernel variant the indexer launches."""
     decode, prefill = module.CONFIGS["decode"], module.CONFIGS["prefill"]
-    group_prefill = module.CONFIGS["prefill_group"]
     return [
         ("decode (indexer: length-aware, clean_logits=False)", decode, {"group_rows": 1, "length_aware": True, "fill_tail": False}),
         ("decode, clean_logits=True", decode, {"group_rows": 1, "length_aware": True, "fill_tail": True}),
         ("MTP verify, groups of 2", decode, {"group_rows": 2, "length_aware": True, "fill_tail": False}),
         ("MTP verify, groups of 4", decode, {"group_rows": 4, "length_aware": True, "fill_tail": False}),
         ("prefill", prefill, {"group_rows": 1, "length_aware": False, "fill_tail": False}),
-        (
-            f"prefill, groups of {module.PREFILL_GROUP_ROWS}",
-            group_prefill,
-            {"group_rows": module.PREFILL_GROUP_ROWS, "length_aware": False, "fill_tail": False},
-        ),
     ]
 
 

@@ -19,10 +19,8 @@ lengths over ``tokens / 4`` compressed keys, scored in row chunks whose logits f
 ``LOGITS_CHUNK_BYTES`` (upstream chunks by a free-memory budget; one chunk's logits are live at a
 time), every chunk in one timed graph:
 
-- ``bf16``: the paged bf16 kernel, one row at a time (the prefill config);
-- ``bf16_grouped[G]``: rows in groups of G sharing each key tile (``PREFILL_GROUP_ROWS`` is what
-  the dispatch runs for a single long request), under the prefill group config and, at
-  ``SWEEP_TOKENS``, a few other block configs;
+- ``bf16``: the paged bf16 kernel, one row at a time (the prefill config): what the dispatch
+  runs (grouped rows need the kernel's length-aware split, which prefill sizes do not take);
 - ``fp8_twin``: the Triton fp8 twin over upstream's 132-B pages (upstream's fp8 *paged* path's
   shape); ``tilelang``: upstream's TileLang fp8 paged kernel when ``tilelang`` is installed;
 - floors: upstream's default for this case is the *non-paged* DeepGEMM ``fp8_mqa_logits`` over a
@@ -66,15 +64,12 @@ FP8_PEAK_FLOPS = 1978.9e12
 TARGET_MTP_RATIO = 1.15
 TARGET_PREFILL_RATIO = 1.2
 LOGITS_CHUNK_BYTES = 4 * 2**30
-SWEEP_TOKENS = 32768
 # (requests, final keys, rows per request)
 MTP_SHAPES = {
     "full": [(8, 8192, 2), (8, 32768, 2), (64, 8192, 2), (64, 32768, 2), (8, 131072, 2), (8, 32768, 4)],
     "quick": [(8, 32768, 2), (64, 32768, 2)],
 }
 LONG_PREFILL_TOKENS = {"full": [8192, 32768, 131072], "quick": [32768]}
-# Prefill group block configs tried at SWEEP_TOKENS: (block_n, num_warps, num_stages).
-PREFILL_GROUP_SWEEP = [(128, 8, 3), (128, 4, 3), (64, 4, 4), (64, 4, 3)]
 
 
 @dataclass
@@ -127,7 +122,7 @@ class LongPrefillResult:
             out["ratio_dispatch_over_fp8_nonpaged_floor"] = bf16 / self.floors["fp8_nonpaged_ms"]
         if bf16 and self.floors.get("bf16_ms"):
             out["dispatch_pct_of_bf16_floor"] = 100 * self.floors["bf16_ms"] / bf16
-        if bf16 and ms.get("bf16"):
+        if bf16 and ms.get("bf16") and self.dispatch_arm != "bf16":
             out["ratio_dispatch_over_one_row"] = bf16 / ms["bf16"]
         return out
 
@@ -319,7 +314,6 @@ def run_long_prefill(
     fp8_pool, _ = pack_fp8_pages(case.pool, dequantized=False)
     fp8_kv = fp8_pool.view(-1, PAGE, 1, FP8_SLOT_BYTES)
     result.floors = prefill_floors(lengths, keys, args.heads)
-    cls = module.Bf16IndexLogitsConfig
     chunk = result.rows_per_chunk
 
     def bf16_arm(group_rows: int, config: Any = None) -> Callable[[], None]:
@@ -330,22 +324,8 @@ def run_long_prefill(
 
         return _chunked(fn, case, bf16_kv, chunk)
 
-    dispatch_group = module.PREFILL_GROUP_ROWS
-    result.dispatch_arm = f"bf16_grouped[{dispatch_group}]"
+    result.dispatch_arm = "bf16"
     result.arms["bf16"] = _timing("bf16, one row at a time", timed, [bf16_arm(1)], args)
-    for group_rows in sorted({2, 4, dispatch_group}):
-        config = module.select_config(-(-tokens // group_rows), width, args.heads, group_rows)
-        result.arms[f"bf16_grouped[{group_rows}]"] = _timing(
-            f"bf16, groups of {group_rows}", timed, [bf16_arm(group_rows)], args, asdict(config)
-        )
-        if tokens == SWEEP_TOKENS:
-            for block_n, warps, stages in PREFILL_GROUP_SWEEP:
-                alt = cls(block_n=block_n, num_warps=warps, num_stages=stages, max_split_n=8192)
-                if alt == config:
-                    continue
-                result.arms[f"bf16_grouped[{group_rows}] n{block_n}/w{warps}/s{stages}"] = _timing(
-                    f"bf16, groups of {group_rows}", timed, [bf16_arm(group_rows, alt)], args, asdict(alt)
-                )
     twin = _chunked(fp8_paged_mqa_logits_twin, case, fp8_kv, chunk)
     result.arms["fp8_twin"] = _timing("fp8 twin (paged)", timed, [twin], args)
     reader, how = _tilelang_reader()
@@ -360,7 +340,7 @@ def run_long_prefill(
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        bf16_arm(dispatch_group)()
+        bf16_arm(1)()
         torch.cuda.synchronize()
         result.peak_extra_bytes["dispatch_arm"] = int(torch.cuda.max_memory_allocated() - before)
         del case, fp8_pool

@@ -237,7 +237,8 @@ def long_prefill_table(art: Artifacts) -> list[str]:
     lines = [
         (
             "Long prefill, one request, every row (causal), row chunks of <= 4 GiB of logits; bf16 as "
-            "dispatched (rows of the request in groups sharing each key tile); fp8 floor: DeepGEMM's "
+            "dispatched (the `dispatch_arm` of the run: one row at a time since grouped rows need the "
+            "kernel's length-aware split); fp8 floor: DeepGEMM's "
             "non-paged `fp8_mqa_logits` cannot run on the GPU machine, so its arm is the physical floor "
             "max(bytes / 4.8 TB/s, MMA work / 1,979 TFLOPS dense fp8), not a measurement:"
         ),
