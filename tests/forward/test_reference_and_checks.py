@@ -123,3 +123,16 @@ def test_scorer_logits_are_held_to_the_oracle_only_where_the_topk_reads_them():
     empty[1] = float("-inf")  # row 1 sees 600 keys > 512: the top-k reads these logits
     res = check_selection(chosen, lens, q, w, keys, q, w, keys, 512, empty)
     assert not res.ok and res.numbers["scorer_finite"] is False
+
+
+def test_long_steps_check_the_rows_around_every_key_tile_boundary():
+    # a causal prefill chunk: row p sees (p + 1) // 4 keys; rows 258 / 259 see 64 / 65 keys
+    from verify.forward.tier import _sample_rows
+
+    lens = (torch.arange(8192) + 1) // 4
+    pick = _sample_rows(8192, lens)
+    assert {258, 259, 514, 515} <= set(pick)
+    crossings = [(a, a + 1) for a in range(8191) if lens[a] % 64 == 0 and lens[a + 1] % 64 == 1]
+    assert len(crossings) == 32 and all(a in pick and b in pick for a, b in crossings)
+    assert len(pick) < 8192 // 16  # still a sample
+    assert _sample_rows(100, lens[:100]) == list(range(100))
