@@ -109,19 +109,10 @@ def _forward_results(root: Path) -> tuple[str, dict[str, Any] | None]:
     runs = sorted((root / H200 / "forward").glob("*/results.json"))
     if not runs:
         return f"{H200}/forward/<run>/results.json", None
-    merged: dict[str, Any] = {"arms": [], "steps": [], "baseline": {}, "versions": {}}
+    from verify.forward.runs import merge_runs
+
     # folders sort by name (the run's time stamp): a later run of the same arm replaces an earlier
-    by_arm: dict[tuple[str, str], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
-    for path in runs:
-        res = json.loads(path.read_text())
-        for meta in res["arms"]:
-            key = (meta["profile"], meta["arm"])
-            by_arm[key] = (meta, [s for s in res["steps"] if (s["profile"], s["arm"]) == key])
-        merged["baseline"].update(res.get("baseline", {}))
-        merged["versions"] = res.get("versions", {})
-    for meta, steps in by_arm.values():
-        merged["arms"].append(meta)
-        merged["steps"] += steps
+    merged = merge_runs(runs)
     return ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in runs), merged
 
 
@@ -154,7 +145,10 @@ def diagnosis(root: Path) -> str:
         res = _load(root, rel)
         if res is None:
             continue
-        parts.append(f"**{profile}** (`{rel}`):\n")
+        how = res.get("refolded")
+        source = (f"checks measured in `{how['checks_from']}`, folded with the forward runs above" if how
+                  else "checks and forward runs as measured")
+        parts.append(f"**{profile}** (`{rel}`; {source}):\n")
         for c in res["components"]:
             parts.append(f"- {c['status']}: {c['component']}")
         parts.append("")
@@ -173,7 +167,9 @@ def parity(root: Path) -> str:
             continue
         results = res["results"]
         passed = sum(1 for r in results if r.get("status") == "pass")
-        out.append(f"- {name} parity: {passed}/{len(results)} checks pass (`{rel}`)")
+        failed = [r["name"] for r in results if r.get("status") != "pass"]
+        out.append(f"- {name} parity: {passed}/{len(results)} checks pass (`{rel}`)"
+                   + (f"; not passed: {', '.join(failed)}" if failed else ""))
     return "\n".join(out) + "\n"
 
 

@@ -155,12 +155,13 @@ stage_forward() {  # the forward tier (FORWARD_ARGS, e.g. "--quick --platform au
 }
 
 stage_diagnose() {  # per-platform fp8 diagnosis (DIAGNOSE_PLATFORMS, default "sm90 sm120"), with
-  # the forward tier's results of that platform when a forward stage wrote them
+  # every forward-tier run this machine wrote (in time order; each platform's verdicts take its arms)
   with_tree
   local p rc=0 fwd
+  fwd=$(ls -d "$RES"/forward/*/ 2>/dev/null | sort | tr '\n' ' ')
   for p in ${DIAGNOSE_PLATFORMS:-sm90 sm120}; do
-    fwd=$(ls -d "$RES"/forward/*"$p"* 2>/dev/null | head -1)
-    "$PY" -m verify.recall.diagnose --backend gpu --platform "$p" --out "$RES/diagnose/$p" ${fwd:+--forward "$fwd"} || rc=1
+    # shellcheck disable=SC2086
+    "$PY" -m verify.recall.diagnose --backend gpu --platform "$p" --out "$RES/diagnose/$p" ${fwd:+--forward $fwd} || rc=1
   done
   return $rc
 }

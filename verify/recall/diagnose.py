@@ -653,8 +653,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fp8-scorer", default="auto")
     ap.add_argument("--platform", default="auto",
                     help="profile whose fp8 path is diagnosed: auto (the local GPU's), sm90, sm100, sm120, hip")
-    ap.add_argument("--forward", type=Path, default=None,
-                    help="a forward-tier results folder (python -m verify.forward) to fold into the verdicts")
+    ap.add_argument("--forward", type=Path, nargs="+", default=None,
+                    help="forward-tier results folders (python -m verify.forward) to fold into the verdicts; "
+                         "in order, a later run of the same arm replaces an earlier one")
+    ap.add_argument("--refold", type=Path, default=None,
+                    help="a diagnosis.json a GPU run wrote: fold --forward into its measured checks again "
+                         "(no kernel runs; the checks, paths and profiles are the file's)")
     ap.add_argument("--out", type=Path, default=None, help="write diagnosis.json and diagnosis.md here")
     ap.add_argument("--deepgemm-probe", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -666,25 +670,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .cli import make_backend
     from .verdicts import component_verdicts, render
 
-    if args.backend == "cpu" and args.platform == "auto":
-        args.platform = P.local_profile() or "sm90"
-    profile = P.resolve(args.platform)
-    backend = make_backend(args.backend, (), args.fp8_scorer, platform=profile)
-    diag = run(backend)
+    forward = None
+    if args.forward:
+        from verify.forward.runs import merge_runs
+
+        found = [d for d in args.forward if (d / "results.json").exists()]
+        forward = merge_runs(found) if found else None
+    refolded: dict[str, object] | None = None
+    if args.refold is not None:
+        measured = json.loads(args.refold.read_text())
+        profile, paths = measured["platform"], measured["paths"]
+        d = measured["diagnosis"]
+        diag = Diagnosis(d["verdict"], [Check(**c) for c in d["checks"]], d["emulated"], d.get("topk_agreement_fp8_bf16"))
+        # older files did not record the machine; their component list names the hardware a
+        # profile was not measured on
+        local = measured.get("local_profile", profile if not any(
+            c["component"].endswith("hardware itself") for c in measured["components"]) else None)
+        refolded = {"checks_from": str(args.refold), "forward_from": [str(f) for f in args.forward or []]}
+    else:
+        if args.backend == "cpu" and args.platform == "auto":
+            args.platform = P.local_profile() or "sm90"
+        profile = P.resolve(args.platform)
+        backend = make_backend(args.backend, (), args.fp8_scorer, platform=profile)
+        diag = run(backend)
+        paths, local = backend.paths, P.local_profile()
     for c in diag.checks:
         print(f"[{c.status:7}] {c.name} -- {c.kernel}: {c.detail}")
     print(diag.verdict)
-    forward = None
-    if args.forward is not None and (args.forward / "results.json").exists():
-        forward = json.loads((args.forward / "results.json").read_text())
-    lines = component_verdicts(profile, diag, backend.paths, forward)
+    lines = component_verdicts(profile, diag, paths, forward, local=local)
     text = render(profile, lines, diag)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "diagnosis.json").write_text(json.dumps(
-            {"platform": profile, "diagnosis": diag.to_dict(), "paths": backend.paths,
-             "components": [line.__dict__ for line in lines]}, indent=1, default=str))
+            {"platform": profile, "local_profile": local, "diagnosis": diag.to_dict(), "paths": paths,
+             "components": [line.__dict__ for line in lines], **({"refolded": refolded} if refolded else {})},
+            indent=1, default=str))
         (args.out / "diagnosis.md").write_text(text)
     return 1 if any(line.status == "fail" for line in lines) else 0
 

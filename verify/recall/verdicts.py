@@ -64,8 +64,13 @@ def _forward_summary(steps: Sequence[Mapping[str, Any]], what: str) -> tuple[boo
     return (not bad), f"forward tier: {len(steps) - len(bad)}/{len(steps)} steps pass (keys, selection, calls)"
 
 
-def component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forward: Mapping[str, Any] | None) -> list[Line]:
-    lines = _component_verdicts(profile, diag, paths, forward)
+_LOCAL = object()
+
+
+def component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forward: Mapping[str, Any] | None,
+                       local: Any = _LOCAL) -> list[Line]:
+    """``local``: the profile of the GPU the checks ran on (default: this machine's)."""
+    lines = _component_verdicts(profile, diag, paths, forward, P.local_profile() if local is _LOCAL else local)
     if getattr(diag, "emulated", False):
         # an emulation agrees with itself: it can fail (a harness bug) but never clear a kernel
         for line in lines:
@@ -74,7 +79,8 @@ def component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forwar
     return lines
 
 
-def _component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forward: Mapping[str, Any] | None) -> list[Line]:
+def _component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forward: Mapping[str, Any] | None,
+                        local: str | None) -> list[Line]:
     lines: list[Line] = []
     fp8 = _forward_steps(forward, profile, "fp8")
     bf16 = _forward_steps(forward, profile, "bf16")
@@ -126,7 +132,6 @@ def _component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forwa
         lines.append(Line("other fp8 scorers upstream has (not this platform's; reported)",
                           "fail" if any(c.status == "fail" for c in ran) else "pass" if ran else "not run",
                           "; ".join(f"{c.status}: {c.kernel}: {c.detail}" for c in others)))
-    local = P.local_profile()
     if profile != local:
         lines.append(Line(f"{profile} hardware itself", "unsettled", unsettled(profile)))
     return lines
