@@ -259,4 +259,15 @@ def _versions() -> dict[str, Any]:
     except ImportError:
         pass
     info["sglang"] = str(P.sglang_root())
+    # which series the tree carries (what `apply` recorded), so a result names the code it ran
+    root = P.sglang_root()
+    if root is not None and len(root.parents) > 1:
+        from bf16k.errors import ToolError
+        from bf16k.upstream import read_state
+
+        try:
+            state = read_state(root.parents[1])
+        except ToolError:  # not a git tree (an installed sglang): nothing recorded
+            state = {}
+        info["series_hash"], info["tree_head"] = state.get("series_hash"), state.get("head")
     return info
