@@ -26,6 +26,11 @@ def test_a_figure_edited_by_hand_or_an_artifact_that_moved_is_caught(tmp_path: P
     doc.write_text(text.replace("| sm120 | fp8/fused | 57/57 |", "| sm120 | fp8/fused | 56/57 |", 1))
     assert any("'forward' differs" in p for p in figures.check(tmp_path))
     doc.write_text(text)
+    arms = tmp_path / figures.FORWARD_ARMS
+    saved = arms.read_text()
+    arms.write_text(saved.replace('"mean_exact_oracle_recall": 0.98', '"mean_exact_oracle_recall": 0.97', 1))
+    assert any("forward/arms.json: differs" in p for p in figures.check(tmp_path))
+    arms.write_text(saved)
     shutil.rmtree(tmp_path / figures.H200 / "diagnose")
     problems = figures.check(tmp_path)
     assert any("'diagnosis' differs" in p for p in problems)

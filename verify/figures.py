@@ -104,38 +104,81 @@ def _tier2(root: Path, rel: str, command: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _forward_results(root: Path) -> tuple[str, dict[str, Any] | None]:
+def _forward_results(root: Path) -> tuple[list[str], dict[str, Any] | None]:
     """Every forward-tier run under h200/forward/*/ merged (one folder per device call)."""
     runs = sorted((root / H200 / "forward").glob("*/results.json"))
     if not runs:
-        return f"{H200}/forward/<run>/results.json", None
+        return [f"{H200}/forward/<run>/results.json"], None
     from verify.forward.runs import merge_runs
 
     # folders sort by name (the run's time stamp): a later run of the same arm replaces an earlier
     merged = merge_runs(runs)
-    return ", ".join(f"`{p.relative_to(root).as_posix()}`" for p in runs), merged
+    return [p.relative_to(root).as_posix() for p in runs], merged
 
 
-def forward(root: Path) -> str:
+FORWARD_ARMS = f"{H200}/forward/arms.json"
+# What a scorer role ran in a forward arm when the arm's ``replaced`` list says it was replaced.
+_STAND_IN_LABELS = (
+    ("score_deepgemm_nonpaged", "deep_gemm stand-in", "torch stand-in"),
+    ("score_deepgemm", "deep_gemm stand-in", "Triton fp8 twin stand-in"),
+    ("score_tilelang", "TL_DISABLE_WGMMA", "mma.sync build, sm_120's source"),
+)
+
+
+def _scorer_label(role: str, replaced: Sequence[str]) -> str:
+    for name, marker, label in _STAND_IN_LABELS:
+        if role == name and any(marker in r for r in replaced):
+            return f"{role} ({label})"
+    return role
+
+
+def forward_arms(root: Path) -> dict[str, Any] | None:
+    """Per profile and arm, over the merged forward runs: what README's forward table quotes.
+    Written to ``FORWARD_ARMS`` by ``--write`` (the figures stand in a committed artifact) and
+    compared with the runs by ``check``."""
     rel, res = _forward_results(root)
     if res is None:
-        return _missing(rel, "verify/gpu/run.sh setup forward")
-    rows = ["| profile | arm | steps passed | scorer | top-k | min same-input agreement | mean exact-oracle recall | peak MiB |",
-            "|---|---|---|---|---|---|---|---|"]
+        return None
+    arms = []
     for meta in res["arms"]:
         steps = [s for s in res["steps"] if s["profile"] == meta["profile"] and s["arm"] == meta["arm"]]
         sel = [x for s in steps for x in s["selection"]]
-        same = min((x["numbers"]["min_recall_same_input"] for x in sel), default=float("nan"))
-        exact = sum(x["recall_exact"] for x in sel) / len(sel) if sel else float("nan")
-        peak = max((s["peak_mb"] or 0 for s in steps), default=0)
-        passed = sum(s["status"] == "pass" for s in steps)
-        rows.append(f"| {meta['profile']} | {meta['arm']} | {passed}/{len(steps)} | {', '.join(meta['scorers'])} | "
-                    f"{', '.join(meta['topks'])} | {same:.4f} | {exact:.4f} | {peak:.0f} |")
+        arms.append({
+            "profile": meta["profile"], "arm": meta["arm"],
+            "steps": len(steps), "steps_passed": sum(s["status"] == "pass" for s in steps),
+            "scorers": [_scorer_label(r, meta.get("replaced", [])) for r in meta["scorers"]],
+            "topks": meta["topks"],
+            "min_same_input_agreement": round(min((x["numbers"]["min_recall_same_input"] for x in sel),
+                                                  default=float("nan")), 4),
+            "mean_exact_oracle_recall": round(sum(x["recall_exact"] for x in sel) / len(sel), 4) if sel else None,
+            "peak_mib": round(max((s["peak_mb"] or 0 for s in steps), default=0)),
+            "replaced": meta.get("replaced", []),
+        })
+    return {"sources": rel, "gpu": res["versions"].get("gpu", "?"),
+            "scenarios": sorted({s["scenario"] for s in res["steps"]}), "arms": arms,
+            "baseline": res.get("baseline", {})}
+
+
+def forward(root: Path) -> str:
+    summary = forward_arms(root)
+    if summary is None:
+        return _missing(_forward_results(root)[0][0], "verify/gpu/run.sh setup forward")
+    rows = ["| profile | arm | steps passed | scorer | top-k | min same-input agreement | mean exact-oracle recall | peak MiB |",
+            "|---|---|---|---|---|---|---|---|"]
+    for a in summary["arms"]:
+        exact = "n/a" if a["mean_exact_oracle_recall"] is None else f"{a['mean_exact_oracle_recall']:.4f}"
+        rows.append(f"| {a['profile']} | {a['arm']} | {a['steps_passed']}/{a['steps']} | {', '.join(a['scorers'])} | "
+                    f"{', '.join(a['topks'])} | {a['min_same_input_agreement']:.4f} | {exact} | {a['peak_mib']} |")
     from verify.forward.checks import flag_off_status
 
-    base = "; ".join("{}: {} ({})".format(p, *flag_off_status(b)) for p, b in res.get("baseline", {}).items()) or "not run"
-    return (f"Source {rel} ({res['versions'].get('gpu', '?')}); scenarios: {', '.join(sorted({s['scenario'] for s in res['steps']}))}.\n\n"
-            + "\n".join(rows) + f"\n\nFlag off vs the unpatched tree: {base}.\n")
+    replaced = sorted({r for a in summary["arms"] for r in a["replaced"]})
+    base = "; ".join("{}: {} ({})".format(p, *flag_off_status(b)) for p, b in summary["baseline"].items()) or "not run"
+    sources = ", ".join(f"`{r}`" for r in summary["sources"])
+    return (f"Source {sources} ({summary['gpu']}), per arm in `{FORWARD_ARMS}`; scenarios: "
+            f"{', '.join(summary['scenarios'])}.\n\n" + "\n".join(rows)
+            + "\n\nReplaced in these runs (each arm's `replaced` list says which):\n\n"
+            + "".join(f"- {r}\n" for r in replaced)
+            + f"\nFlag off vs the unpatched tree: {base}.\n")
 
 
 def diagnosis(root: Path) -> str:
@@ -236,6 +279,10 @@ def render(text: str, root: Path = ROOT, generators: Mapping[str, Callable[[Path
 def check(root: Path = ROOT, docs: Sequence[str] = DOCS) -> list[str]:
     """Problems: blocks that differ from their artifacts, unknown blocks, docs without blocks."""
     problems = []
+    arms = forward_arms(root)
+    path = root / FORWARD_ARMS
+    if arms is not None and (not path.exists() or json.loads(path.read_text()) != json.loads(json.dumps(arms))):
+        problems.append(f"{FORWARD_ARMS}: differs from the forward runs it summarizes")
     for doc in docs:
         path = root / doc
         text = path.read_text()
@@ -254,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="rewrite the blocks in place")
     args = ap.parse_args(argv)
     if args.write:
+        arms = forward_arms(ROOT)
+        if arms is not None:
+            (ROOT / FORWARD_ARMS).write_text(json.dumps(arms, indent=1) + "\n")
         for doc in DOCS:
             path = ROOT / doc
             new, unknown = render(path.read_text())
