@@ -145,15 +145,7 @@ def absorb(repo: Path, state: dict[str, Any], text: str, stop: dict[str, Any]) -
         patch_of[(h.path, h.scope)] = names[target]
     if not hunks:
         return ["nothing was edited since the stop: running the tests again"], []
-    found, missing = reasonsmod.parse(text, hunks, patch_of, "tests")
-    if missing:
-        raise ToolError(
-            "say why for each hunk you changed (it goes into carried.toml, the range-diff and the "
-            "CHANGELOG entry); no reason for:\n"
-            + "\n".join(f"  {h.label} (patch '{patch_of[(h.path, h.scope)]}')" for h in missing)
-            + "\nrun:\n  nox -s rebase -- --continue " + " ".join(reasonsmod.template(reasonsmod.unique(hunks)))
-            + "\n(nothing was changed: your edits are where you left them)"
-        )
+    found = reasonsmod.require(text, hunks, patch_of, "tests", "hunk you changed", name_patch=True)
     notes: list[str] = []
     while True:
         pending = dirty_hunks(repo)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bf16k import gitutil, pyscope
+from bf16k.errors import ToolError
 
 _LINE = re.compile(r"^\s*(?:[-*]\s+)?(?P<path>[A-Za-z0-9_./-]+?)(?:\s+\((?P<scope>[^)]*)\))?\s*:\s+(?P<why>\S.*)$")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -144,6 +145,24 @@ def parse(text: str, hunks: list[Hunk], patch_of: dict[tuple[str, str], str], ki
         reasons.append(Reason(patch_of.get((h.path, h.scope), ""), h.path, h.scope, " ".join(free), kind))
         missing = []
     return dedupe(reasons), missing
+
+
+def require(text: str, hunks: list[Hunk], patch_of: dict[tuple[str, str], str], kind: str, which: str,
+            name_patch: bool = False) -> list[Reason]:
+    """``parse``, refusing (changing nothing) while a hunk has no reason: the error lists those
+    hunks (with their patch when ``name_patch``) and the ``--continue`` command to give them.
+    ``which`` says which hunks need one ("hand-made hunk", "hunk you changed")."""
+    found, missing = parse(text, hunks, patch_of, kind)
+    if missing:
+        raise ToolError(
+            f"say why for each {which} (it goes into carried.toml, the range-diff and the "
+            "CHANGELOG entry); no reason for:\n"
+            + "\n".join(f"  {h.label}" + (f" (patch '{patch_of[(h.path, h.scope)]}')" if name_patch else "")
+                        for h in missing)
+            + "\nrun:\n  nox -s rebase -- --continue " + " ".join(template(unique(hunks)))
+            + "\n(nothing was changed: your edits are where you left them)"
+        )
+    return found
 
 
 def dedupe(reasons: list[Reason]) -> list[Reason]:

@@ -354,10 +354,7 @@ def stop_message(root: Path, repo: Path, state: dict[str, Any], stop: Stop) -> s
                 old_ref=OLD_BASE_REF, new_ref=NEW_BASE_REF,
             )
         ]  # fmt: skip
-        earlier = _earlier_reasons(state, stop.name, hunks)
-        if earlier:
-            lines.append("  the carried series resolved these before, saying:")
-            lines += [f"    {r.path} ({r.scope}): {r.why}" if r.scope else f"    {r.path}: {r.why}" for r in earlier]
+        lines += _earlier_reasons_lines(state, stop.name, hunks)
     lines += [
         "next:",
         f"  1. resolve by intent in {where}: edit the files until no conflict markers remain",
@@ -367,6 +364,16 @@ def stop_message(root: Path, repo: Path, state: dict[str, Any], stop: Stop) -> s
     if stop.kind == "conflict":
         lines.append(f"  (--skip is refused unless sglang {version} already contains this patch's change)")
     return "\n".join(line for line in lines if line)
+
+
+def _earlier_reasons_lines(state: dict[str, Any], patch: str, hunks: list[Hunk]) -> list[str]:
+    """What a stop prints of the carried series' own reasons for these hunks (nothing if none)."""
+    earlier = _earlier_reasons(state, patch, hunks)
+    if not earlier:
+        return []
+    return ["  the carried series resolved these before, saying:"] + [
+        f"    {r.path} ({r.scope}): {r.why}" if r.scope else f"    {r.path}: {r.why}" for r in earlier
+    ]
 
 
 def _earlier_reasons(state: dict[str, Any], patch: str, hunks: list[Hunk]) -> list[Reason]:
@@ -930,10 +937,7 @@ def _replay_stop_message(root: Path, repo: Path, state: dict[str, Any], stop: St
     if hunks:
         lines.append("  conflict hunks:")
         lines += [f"    {where}/{h.path}:{h.line}" + (f"  ({h.scope})" if h.scope else "") for h in hunks]
-        earlier = _earlier_reasons(state, stop.name, hunks)
-        if earlier:
-            lines.append("  the carried series resolved these before, saying:")
-            lines += [f"    {r.path} ({r.scope}): {r.why}" if r.scope else f"    {r.path}: {r.why}" for r in earlier]
+        lines += _earlier_reasons_lines(state, stop.name, hunks)
         lines += [
             "  " + line
             for line in context.for_conflicts(
@@ -1116,16 +1120,7 @@ def _require_reasons(text: str, hunks: list[Hunk], patch: str, kind: str) -> lis
     if not hunks:
         return []
     patch_of = {(h.path, h.scope): patch for h in hunks}
-    found, missing = reasonsmod.parse(text, hunks, patch_of, kind)
-    if missing:
-        raise ToolError(
-            "say why for each hand-made hunk (it goes into carried.toml, the range-diff and the "
-            "CHANGELOG entry); no reason for:\n"
-            + "\n".join(f"  {h.label}" for h in missing)
-            + "\nrun:\n  nox -s rebase -- --continue " + " ".join(reasonsmod.template(reasonsmod.unique(hunks)))
-            + "\n(nothing was changed: your edits are where you left them)"
-        )
-    return found
+    return reasonsmod.require(text, hunks, patch_of, kind, "hand-made hunk")
 
 
 def resume(
