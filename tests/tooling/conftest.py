@@ -115,3 +115,23 @@ def two_patch_product(product: Product) -> Product:
     )
     patches.export(product.target)
     return product
+
+
+def commit_files(repo: Path, files: dict[str, str], message: str) -> str:
+    """Write ``files`` (path -> text) into ``repo``, commit everything with ``message``; the commit id."""
+    for path, text in files.items():
+        (repo / path).write_text(text)
+    gitutil.git(["add", "-A"], repo)
+    gitutil.git(["commit", "-q", "-m", message], repo)
+    return gitutil.rev_parse(repo, "HEAD")
+
+
+def break_first_patch(series_dir: Path) -> str:
+    """Change a context line of the series' first patch to one upstream never had, so the patch
+    no longer applies there; the patch's name."""
+    from bf16k import series
+
+    name = series.read_order(series_dir)[0]
+    path = series_dir / name
+    path.write_bytes(path.read_bytes().replace(b"\n FP8_DTYPE = ", b"\n FP8_DTYPE_RENAMED = ", 1))
+    return name

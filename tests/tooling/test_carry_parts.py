@@ -11,6 +11,8 @@ from bf16k import gitutil, pyscope, rangediff, reasons, rebase, replay, upstream
 from bf16k import pin as pinmod
 from bf16k.reasons import Hunk
 
+from .conftest import commit_files
+
 POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
 
 CONFLICTED = """import os
@@ -100,24 +102,16 @@ def test_changelog_entry_is_wrapped_and_replaced_by_key(tmp_path: Path) -> None:
     assert text.index("- Carried the series again") < text.index("## [0.1.0]")
 
 
-def _commit(repo: Path, files: dict[str, str], subject: str) -> str:
-    for path, text in files.items():
-        (repo / path).write_text(text)
-    gitutil.git(["add", "-A"], repo)
-    gitutil.git(["commit", "-q", "-m", subject], repo)
-    return gitutil.rev_parse(repo, "HEAD")
-
-
 def test_replay_merges_series_edits_into_the_carried_result(tmp_path: Path) -> None:
     repo = tmp_path / "r"
     repo.mkdir()
     gitutil.git(["init", "-q"], repo)
     lines = [f"line {i}" for i in range(30)]
     text = "\n".join(lines) + "\n"
-    then = _commit(repo, {"a.py": text, "b.py": text}, "series then (O)")
-    carried = _commit(repo, {"a.py": text.replace("line 5\n", "line 5 resolved\n"), "c.py": "release\n"}, "carried (C)")
+    then = commit_files(repo, {"a.py": text, "b.py": text}, "series then (O)")
+    carried = commit_files(repo, {"a.py": text.replace("line 5\n", "line 5 resolved\n"), "c.py": "release\n"}, "carried (C)")
     gitutil.git(["checkout", "-q", then], repo)
-    now = _commit(repo, {"a.py": text.replace("line 25\n", "line 25 edited\n"), "b.py": text + "more\n"}, "now (N)")
+    now = commit_files(repo, {"a.py": text.replace("line 25\n", "line 25 edited\n"), "b.py": text + "more\n"}, "now (N)")
     merged = replay.merge_trees(repo, then, carried, now)
     assert merged.conflicts == []
     show = gitutil.out(["show", f"{merged.tree}:a.py"], repo)
@@ -125,7 +119,7 @@ def test_replay_merges_series_edits_into_the_carried_result(tmp_path: Path) -> N
     assert gitutil.out(["show", f"{merged.tree}:c.py"], repo) == "release"  # the release's own files
     # The edit meets the resolved line: a conflict, marked with the three sides' names.
     gitutil.git(["checkout", "-q", then], repo)
-    clash = _commit(repo, {"a.py": text.replace("line 5\n", "line 5 edited\n")}, "clash")
+    clash = commit_files(repo, {"a.py": text.replace("line 5\n", "line 5 edited\n")}, "clash")
     merged = replay.merge_trees(repo, then, carried, clash)
     assert merged.conflicts == ["a.py"]
     body = gitutil.out(["show", f"{merged.tree}:a.py"], repo)
@@ -138,12 +132,12 @@ def test_hunk_changes_ignore_context_and_scope_each_change(tmp_path: Path) -> No
     gitutil.git(["init", "-q"], repo)
     body = "".join(f"    x{i} = {i}\n" for i in range(20))
     src = f"def f():\n{body}    return 0\n\n\ndef g():\n    return 1\n"
-    base = _commit(repo, {"m.py": src}, "base")
-    old = _commit(repo, {"m.py": src.replace("    x3 = 3\n", "    x3 = 33\n").replace("return 1", "return 11")}, "p")
+    base = commit_files(repo, {"m.py": src}, "base")
+    old = commit_files(repo, {"m.py": src.replace("    x3 = 3\n", "    x3 = 33\n").replace("return 1", "return 11")}, "p")
     gitutil.git(["checkout", "-q", base], repo)
     moved = src.replace("    x0 = 0\n", "    x0 = 0  # upstream\n")  # context only changes for the first hunk
-    nbase = _commit(repo, {"m.py": moved}, "release")
-    new = _commit(repo, {"m.py": moved.replace("    x3 = 3\n", "    x3 = 33\n").replace("return 1", "return 12")}, "p")
+    nbase = commit_files(repo, {"m.py": moved}, "release")
+    new = commit_files(repo, {"m.py": moved.replace("    x3 = 3\n", "    x3 = 33\n").replace("return 1", "return 12")}, "p")
     changes = rangediff.hunk_changes(repo, old, new)
     assert [(c.path, c.scope) for c in changes] == [("m.py", "g")]
     assert changes[0].lines == [" -    return 1", "-+    return 11", "++    return 12"]

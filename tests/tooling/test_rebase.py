@@ -21,7 +21,7 @@ from bf16k import pin as pinmod
 from bf16k.errors import ToolError
 from bf16k.project import Target
 
-from .conftest import INDEXER, TRAILERS, WHY, Product
+from .conftest import INDEXER, TRAILERS, WHY, Product, break_first_patch, commit_files
 
 REL = "0.5.23"
 COMPRESSOR_IMPORT = "    from sglang.srt.layers.attention.dsv4.compressor import ("
@@ -381,12 +381,7 @@ def test_git_ref_target_from_a_local_file_upstream_moves_the_pin(
 
 
 def _tiny_commit(repo: Path, files: dict[str, str], subject: str, name: str = "") -> str:
-    for path, text in files.items():
-        (repo / path).write_text(text)
-    gitutil.git(["add", "-A"], repo)
-    message = subject + "\n\nbody\n" + (f"\nPatch-Filename: {name}\n" if name else "")
-    gitutil.git(["commit", "-q", "-m", message], repo)
-    return gitutil.rev_parse(repo, "HEAD")
+    return commit_files(repo, files, subject + "\n\nbody\n" + (f"\nPatch-Filename: {name}\n" if name else ""))
 
 
 def test_range_diff_classifies_each_class_on_hand_made_series(tmp_path: Path) -> None:
@@ -473,8 +468,7 @@ def test_rebase_check_reports_per_patch_and_changes_nothing(two_patch_product: P
 
     # A committed carried series that no longer applies fails the check.
     nxt = p.root / "series" / "next" / REL
-    first = nxt / series.read_order(nxt)[0]
-    first.write_bytes(first.read_bytes().replace(b"\n FP8_DTYPE = ", b"\n FP8_DTYPE_RENAMED = ", 1))
+    break_first_patch(nxt)
     before = _tree_hash(p.root)
     code, out, err = _cli(p.root, "rebase-check", "--releases", REL)
     assert code == 1

@@ -14,7 +14,7 @@ from bf16k import pin as pinmod
 from bf16k.errors import ToolError
 from bf16k.project import Target
 
-from .conftest import INDEXER, POOL, REPO_ROOT, TRAILERS, WHY, Product
+from .conftest import INDEXER, POOL, REPO_ROOT, TRAILERS, WHY, Product, break_first_patch
 
 
 def _files(product: Product) -> dict[str, bytes]:
@@ -160,10 +160,7 @@ def test_wheel_file_is_checked_even_when_the_tree_is_already_built(
 
 def test_failed_apply_says_where_the_tree_is_and_what_to_run(two_patch_product: Product) -> None:
     p = two_patch_product
-    d = p.target.series_dir
-    name = series.read_order(d)[0]
-    path = d / name
-    path.write_bytes(path.read_bytes().replace(b"\n FP8_DTYPE = ", b"\n FP8_DTYPE_RENAMED = ", 1))
+    name = break_first_patch(p.target.series_dir)
     (p.upstream / POOL).write_text((p.upstream / POOL).read_text() + "# my edit\n")
     with pytest.raises(ToolError) as err:
         patches.apply(p.target)
@@ -255,11 +252,7 @@ def test_header_without_why_fails_lint(two_patch_product: Product) -> None:
 
 def test_conflicting_patch_stops_naming_patch_and_file(two_patch_product: Product) -> None:
     p = two_patch_product
-    d = p.target.series_dir
-    name = series.read_order(d)[0]
-    path = d / name
-    # Make the context line of the first patch something upstream never had.
-    path.write_bytes(path.read_bytes().replace(b"\n FP8_DTYPE = ", b"\n FP8_DTYPE_RENAMED = ", 1))
+    name = break_first_patch(p.target.series_dir)
     with pytest.raises(ToolError) as err:
         patches.apply(p.target)
     msg = str(err.value)
