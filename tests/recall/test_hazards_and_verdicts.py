@@ -5,6 +5,7 @@ not mask by length, a scorer whose columns past the length bleed into the valid 
 import pytest
 import torch
 
+from verify import platform as P
 from verify.recall import diagnose
 from verify.recall import hazards as H
 from verify.recall.backend import EmulationBackend, torch_select
@@ -57,7 +58,7 @@ def test_a_scorer_that_shifts_a_row_by_one_key_is_caught():
 def test_verdict_per_component_on_cpu_is_emulated_never_pass():
     backend = EmulationBackend(device=CPU)
     diag = diagnose.run(backend)
-    lines = component_verdicts("sm120", diag, backend.paths, None)
+    lines = component_verdicts("sm120", diag, backend.paths, None, local=P.local_profile())
     status = {line.component.split(" (")[0]: line.status for line in lines}
     assert "pass" not in status.values()
     assert status["fp8 index-K store"] == "emulated"
@@ -70,7 +71,7 @@ def test_verdict_takes_the_forward_tier():
     diag = diagnose.run(backend)
     step = {"profile": "sm90", "arm": "fp8/fused", "status": "fail", "run": "eager", "scenario": "chunked",
             "keys": [{"ok": False}], "detail": "x"}
-    lines = component_verdicts("sm90", diag, backend.paths, {"steps": [step], "baseline": {}})
+    lines = component_verdicts("sm90", diag, backend.paths, {"steps": [step], "baseline": {}}, local=P.local_profile())
     by = {line.component.split(" (")[0]: line for line in lines}
     assert by["fp8 index-K store"].status == "fail" and by["fp8 forward"].status == "fail"
 

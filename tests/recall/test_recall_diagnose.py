@@ -17,7 +17,7 @@ def test_emulation_passes_and_says_so():
     assert d.emulated
     for name in ("fp8 index-K store", "bf16 index-K store", "fp8 q quantization", "fp8 scorer", "bf16 scorer", "top-k selection"):
         assert checks[name].status == "pass", (name, checks[name].detail)
-    assert checks["fp8 scorer"].numbers["calc_diff"] < diagnose.CALC_DIFF_BOUND
+    assert checks["fp8 scorer"].numbers["calc_diff"] < diagnose.SCORER_BOUND
     assert d.verdict.startswith("CPU emulation only") and "fp8 path correct" in d.verdict
 
 
@@ -25,7 +25,7 @@ def test_torch_fallback_semantics_within_deepgemm_bound():
     be = EmulationBackend(device=torch.device("cpu"), fp8_scorer="fp8-torch")
     case = diagnose.score_case(be.device, 2048)
     chk = diagnose.check_scorer("fp8", "fp8-torch", diagnose.backend_score_fn(be, "fp8"), case, True)
-    assert chk.status == "pass" and 0 < chk.numbers["calc_diff"] < diagnose.CALC_DIFF_BOUND
+    assert chk.status == "pass" and 0 < chk.numbers["calc_diff"] < diagnose.SCORER_BOUND
 
 
 def test_slot_shift_named_in_verdict():

@@ -50,11 +50,9 @@ from .generator import (
     rope_cos_sin,
     rope_hadamard,
 )
-from .metrics import row_metrics
+from .metrics import SCORER_BOUND, row_metrics
 from .scoring import calc_diff, mask_past_len, row_slots
 from .upstream import Found, Missing
-
-CALC_DIFF_BOUND = 5e-6
 
 
 @dataclass
@@ -317,27 +315,27 @@ def check_scorer(fmt: str, label: str, fn: ScoreFn, case: ScoreCase, fp8_path: b
     """``fn(pool, q8 [B,H,128], w [B,H], seq_lens, page_table) -> logits [B, P*64]``; ``name``
     the check's component (default ``"<fmt> scorer"``, the platform's own)."""
     ref = oracle64(case, fmt)
-    runs = [fn(case.pool[fmt], case.q8, case.w, case.seq_lens, case.page_table) for _ in range(3)]
+    # the oracle's columns of each of three runs
+    runs = [fn(case.pool[fmt], case.q8, case.w, case.seq_lens, case.page_table)[:, : ref.shape[1]] for _ in range(3)]
     out = runs[0]
     valid = torch.isfinite(ref)
-    got = out[:, : ref.shape[1]][valid]
+    got = out[valid]
     diff = calc_diff(got, ref[valid])
     finite = bool(torch.isfinite(got).all())
     # Determinism is asked of what the top-k reads: a scorer that leaves columns past the last
     # page unwritten (TileLang's ``new_empty``) hands back whatever the allocator held there.
-    same = all(torch.equal(out[:, : ref.shape[1]][valid], r[:, : ref.shape[1]][valid]) for r in runs[1:])
-    same_past = all(torch.equal(out[:, : ref.shape[1]][~valid].nan_to_num(0.0), r[:, : ref.shape[1]][~valid].nan_to_num(0.0))
-                    for r in runs[1:])
-    past = out[:, : ref.shape[1]][~valid]
+    same = all(torch.equal(got, r[valid]) for r in runs[1:])
+    past = out[~valid]
+    same_past = all(torch.equal(past.nan_to_num(0.0), r[~valid].nan_to_num(0.0)) for r in runs[1:])
     if past.numel() == 0 or bool(torch.isneginf(past).all()):
         mask = "-inf past seq_len"
     elif bool((past == 0).all()):
         mask = "0 past seq_len (clean_logits=False; the top-k's seq_len mask must drop them)"
     else:
         mask = "unmasked values past seq_len (the top-k's seq_len mask must drop them)"
-    ok = diff < CALC_DIFF_BOUND and finite and same
+    ok = diff < SCORER_BOUND and finite and same
     detail = (
-        f"calc_diff {diff:.2e} vs fp64 oracle on its dequantized stored keys (bound {CALC_DIFF_BOUND:.0e}); "
+        f"calc_diff {diff:.2e} vs fp64 oracle on its dequantized stored keys (bound {SCORER_BOUND:.0e}); "
         f"{'finite' if finite else 'NON-FINITE'}; reruns {'bitwise identical' if same else 'DIFFER'} on valid columns"
         f"{'' if same_past else ' (past seq_len they differ: columns the scorer leaves unwritten)'}; {mask}"
     )

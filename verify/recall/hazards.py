@@ -25,15 +25,11 @@ from collections.abc import Callable
 import torch
 
 from . import formats as F
-from .metrics import row_metrics, tie_aware_recall
+from .metrics import SCORER_BOUND, TIE_REL, row_metrics, tie_aware_recall
 from .scoring import calc_diff, mask_past_len, row_slots
 
 SelectFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 ScoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-#: DeepGEMM's calc_diff bound for a paged-logits kernel; ties within this of a row's largest |score|
-SCORER_BOUND = 5e-6
-TIE_REL = 2e-5
 
 # keys (compressed positions); tokens = 4 x keys
 BOUNDARY_LENS = (1, 63, 64, 65, 511, 512, 513, 1023, 1024, 1025, 1125, 1300, 2049, 4100)

@@ -152,6 +152,12 @@ def aggregate(
     return out
 
 
+#: DeepGEMM's calc_diff bound for a paged-logits kernel: a scorer within it is right
+SCORER_BOUND = 5e-6
+#: gaps within this fraction of a row's largest |score| count as ties (a top-k may order them either way)
+TIE_REL = 2e-5
+
+
 def tie_aware_recall(scores: torch.Tensor, chosen: torch.Tensor, k: int, tie_abs: torch.Tensor) -> torch.Tensor:
     """Per row: fraction of ``chosen`` (key indices, -1 = none) that are in the top-k of
     ``scores`` allowing ties within ``tie_abs``; rows with <= k keys must choose them all."""

@@ -64,13 +64,11 @@ def _forward_summary(steps: Sequence[Mapping[str, Any]], what: str) -> tuple[boo
     return (not bad), f"forward tier: {len(steps) - len(bad)}/{len(steps)} steps pass (keys, selection, calls)"
 
 
-_LOCAL = object()
-
-
-def component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forward: Mapping[str, Any] | None,
-                       local: Any = _LOCAL) -> list[Line]:
-    """``local``: the profile of the GPU the checks ran on (default: this machine's)."""
-    lines = _component_verdicts(profile, diag, paths, forward, P.local_profile() if local is _LOCAL else local)
+def component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forward: Mapping[str, Any] | None, *,
+                       local: str | None) -> list[Line]:
+    """``local``: the profile of the GPU the checks ran on (``P.local_profile()`` where they ran
+    here; None: no GPU)."""
+    lines = _component_verdicts(profile, diag, paths, forward, local)
     if getattr(diag, "emulated", False):
         # an emulation agrees with itself: it can fail (a harness bug) but never clear a kernel
         for line in lines:
