@@ -80,6 +80,7 @@ UPSTREAM_TORCH_CALC_DIFF_MAX = 1e-3
 WIDE_OUTPUT = 131072  # keys: a CUDA graph captured for 512K-token contexts
 WIDE_LENGTHS = [1, 64, 65, 2047, 2048, 0, 513, 4095]
 
+
 @dataclass
 class Settings:
     device: torch.device
