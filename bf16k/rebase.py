@@ -347,13 +347,7 @@ def stop_message(root: Path, repo: Path, state: dict[str, Any], stop: Stop) -> s
         lines.append("  git said:")
         lines += [f"    {line}" for line in stop.detail.splitlines()[-8:]]
     if hunks:
-        lines += [
-            "  " + line
-            for line in context.for_conflicts(
-                repo, state["old_base"], state["new_base"], hunks, version=f"{state['old_version']} -> {version}", repo_label=where,
-                old_ref=OLD_BASE_REF, new_ref=NEW_BASE_REF,
-            )
-        ]  # fmt: skip
+        lines += _conflict_context_lines(repo, state, hunks, version, where)
         lines += _earlier_reasons_lines(state, stop.name, hunks)
     lines += [
         "next:",
@@ -364,6 +358,17 @@ def stop_message(root: Path, repo: Path, state: dict[str, Any], stop: Stop) -> s
     if stop.kind == "conflict":
         lines.append(f"  (--skip is refused unless sglang {version} already contains this patch's change)")
     return "\n".join(line for line in lines if line)
+
+
+def _conflict_context_lines(repo: Path, state: dict[str, Any], hunks: list[Hunk], version: str, where: str) -> list[str]:
+    """What a stop prints of upstream's change to the functions its conflict hunks sit in."""
+    return [
+        "  " + line
+        for line in context.for_conflicts(
+            repo, state["old_base"], state["new_base"], hunks, version=f"{state['old_version']} -> {version}", repo_label=where,
+            old_ref=OLD_BASE_REF, new_ref=NEW_BASE_REF,
+        )
+    ]  # fmt: skip
 
 
 def _earlier_reasons_lines(state: dict[str, Any], patch: str, hunks: list[Hunk]) -> list[str]:
@@ -938,13 +943,7 @@ def _replay_stop_message(root: Path, repo: Path, state: dict[str, Any], stop: St
         lines.append("  conflict hunks:")
         lines += [f"    {where}/{h.path}:{h.line}" + (f"  ({h.scope})" if h.scope else "") for h in hunks]
         lines += _earlier_reasons_lines(state, stop.name, hunks)
-        lines += [
-            "  " + line
-            for line in context.for_conflicts(
-                repo, state["old_base"], state["new_base"], hunks, version=f"{state['old_version']} -> {version}", repo_label=where,
-                old_ref=OLD_BASE_REF, new_ref=NEW_BASE_REF,
-            )
-        ]  # fmt: skip
+        lines += _conflict_context_lines(repo, state, hunks, version, where)
     lines += [
         "next:",
         f"  1. resolve by intent in {where}: edit the files until no conflict markers remain",

@@ -117,6 +117,14 @@ def two_patch_product(product: Product) -> Product:
     return product
 
 
+def scratch_repo(tmp_path: Path) -> Path:
+    """An empty git repository in ``tmp_path/r``."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    gitutil.git(["init", "-q"], repo)
+    return repo
+
+
 def commit_files(repo: Path, files: dict[str, str], message: str) -> str:
     """Write ``files`` (path -> text) into ``repo``, commit everything with ``message``; the commit id."""
     for path, text in files.items():

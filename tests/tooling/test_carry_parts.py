@@ -11,7 +11,7 @@ from bf16k import gitutil, pyscope, rangediff, reasons, rebase, replay, upstream
 from bf16k import pin as pinmod
 from bf16k.reasons import Hunk
 
-from .conftest import commit_files
+from .conftest import commit_files, scratch_repo
 
 POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
 
@@ -103,9 +103,7 @@ def test_changelog_entry_is_wrapped_and_replaced_by_key(tmp_path: Path) -> None:
 
 
 def test_replay_merges_series_edits_into_the_carried_result(tmp_path: Path) -> None:
-    repo = tmp_path / "r"
-    repo.mkdir()
-    gitutil.git(["init", "-q"], repo)
+    repo = scratch_repo(tmp_path)
     lines = [f"line {i}" for i in range(30)]
     text = "\n".join(lines) + "\n"
     then = commit_files(repo, {"a.py": text, "b.py": text}, "series then (O)")
@@ -127,9 +125,7 @@ def test_replay_merges_series_edits_into_the_carried_result(tmp_path: Path) -> N
 
 
 def test_hunk_changes_ignore_context_and_scope_each_change(tmp_path: Path) -> None:
-    repo = tmp_path / "r"
-    repo.mkdir()
-    gitutil.git(["init", "-q"], repo)
+    repo = scratch_repo(tmp_path)
     body = "".join(f"    x{i} = {i}\n" for i in range(20))
     src = f"def f():\n{body}    return 0\n\n\ndef g():\n    return 1\n"
     base = commit_files(repo, {"m.py": src}, "base")

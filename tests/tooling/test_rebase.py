@@ -21,7 +21,7 @@ from bf16k import pin as pinmod
 from bf16k.errors import ToolError
 from bf16k.project import Target
 
-from .conftest import INDEXER, TRAILERS, WHY, Product, break_first_patch, commit_files
+from .conftest import INDEXER, TRAILERS, WHY, Product, break_first_patch, commit_files, scratch_repo
 
 REL = "0.5.23"
 COMPRESSOR_IMPORT = "    from sglang.srt.layers.attention.dsv4.compressor import ("
@@ -385,9 +385,7 @@ def _tiny_commit(repo: Path, files: dict[str, str], subject: str, name: str = ""
 
 
 def test_range_diff_classifies_each_class_on_hand_made_series(tmp_path: Path) -> None:
-    repo = tmp_path / "r"
-    repo.mkdir()
-    gitutil.git(["init", "-q"], repo)
+    repo = scratch_repo(tmp_path)
     lines = [f"line {i}" for i in range(40)]
     a = "\n".join(lines) + "\n"
     base = _tiny_commit(repo, {"a.txt": a, "b.txt": a, "c.txt": a, "d.txt": a}, "base")
@@ -436,9 +434,7 @@ def test_range_diff_classifies_each_class_on_hand_made_series(tmp_path: Path) ->
 
 
 def test_changed_lines_reads_removed_lines_that_look_like_headers(tmp_path: Path) -> None:
-    repo = tmp_path / "r"
-    repo.mkdir()
-    gitutil.git(["init", "-q"], repo)
+    repo = scratch_repo(tmp_path)
     _tiny_commit(repo, {"x.txt": "-- a\nkeep\n"}, "one")
     c = _tiny_commit(repo, {"x.txt": "++ b\nkeep\n"}, "two")
     assert rangediff.changed_lines(repo, c) == {"x.txt": (("-- a",), ("++ b",))}
@@ -539,9 +535,7 @@ def test_target_parsing(real_pin: pinmod.Pin) -> None:
 
 
 def test_upstream_contains_checks_added_and_removed_runs(tmp_path: Path) -> None:
-    repo = tmp_path / "r"
-    repo.mkdir()
-    gitutil.git(["init", "-q"], repo)
+    repo = scratch_repo(tmp_path)
     base = _tiny_commit(repo, {"f.py": "a\nb2\nnew\nc\n"}, "upstream")
     diff = "diff --git a/f.py b/f.py\n--- a/f.py\n+++ b/f.py\n@@ -1,3 +1,3 @@\n a\n-b\n+b2\n c\n"
     assert rebase.upstream_contains(repo, base, diff) == (True, "")
