@@ -281,8 +281,10 @@ def test_parity_suite_smoke_on_cpu(tmp_path) -> None:  # type: ignore[no-untyped
     assert statuses["cuda_graph"] == "skip" and statuses["extra_memory"] == "skip"
     assert statuses["oracle[q=fp8,H=32]"] == "pass" and statuses["fp8_twin_vs_upstream_torch"] == "pass"
     # The kernel's group mode (MTP verify rows) and clean_logits, interpreted.
-    for name in ("group_rows[G=2]", "group_rows[G=4]", "group_rows_static_split", "clean_logits"):
+    for name in ("group_rows[G=2]", "group_rows[G=4]", "group_rows_batch", "group_rows_static_split", "clean_logits"):
         assert statuses[name] == "pass", name
+    batch = next(r for r in payload["results"] if r["name"] == "group_rows_batch")["details"]
+    assert batch["rows"] == 2 * 8 - 1  # eight requests' verify rows, the last group partial
     static = next(r for r in payload["results"] if r["name"] == "group_rows_static_split")["details"]
     assert static["refused"] and set(static["refused"].values()) == {"refused"}
     clean = next(r for r in payload["results"] if r["name"] == "clean_logits")["details"]

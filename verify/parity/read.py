@@ -18,7 +18,9 @@ point at a NaN page, lengths 1, 63, 64, 65, 511, 512, 513, 4095, 65536 compresse
 - ``group_rows[G=..]``: MTP verify rows in groups of G sharing the first row's table (the other
   rows' tables point at the NaN page, so reading one poisons the row), lengths rising within a
   group, a partial last group: against the oracle on the shared tables, 20 bitwise reruns, and
-  within the bound of the same rows scored one at a time; ``group_rows_static_split``: grouped
+  within the bound of the same rows scored one at a time; ``group_rows_batch``: the same for a
+  server-sized batch (512 requests of up to 3,000 keys, two rows each, the most the dispatch
+  groups); ``group_rows_static_split``: grouped
   launches under the static split (a prefill's rows, an explicit static config) are refused,
   and the prefill's rows one at a time match the oracle.
 - ``clean_logits``: short rows in a 131,072-wide output (a graph-captured decode's width), the
@@ -369,8 +371,9 @@ class Suite:
             "", Status.PASS if ok else Status.FAIL, _fmt(details, skip=("upstream_route",)), details
         )
 
-    def check_group_rows(self, group_rows: int) -> CheckResult:
-        finals = [n for n in self.s.lengths if n >= 1]
+    def check_group_rows(self, group_rows: int, finals: list[int] | None = None) -> CheckResult:
+        if finals is None:
+            finals = [n for n in self.s.lengths if n >= 1]
         lengths = verify_lengths(finals, group_rows)[:-1]  # a partial last group
         case, shared = make_group_case(
             lengths, group_rows, seed=self.s.seed + 91 + group_rows, device=self.s.device
@@ -390,6 +393,18 @@ class Suite:
         ok = metrics["ok"] and not differing and metrics["calc_diff_vs_one_row_at_a_time"] <= CALC_DIFF_MAX
         result = verdict(metrics, f"{case.rows} verify rows in groups of {group_rows}, {self.s.reruns} reruns")
         return replace(result, status=Status.PASS if ok else Status.FAIL)
+
+    def check_group_rows_batch(self) -> CheckResult:
+        """MTP verify rows of a server-sized batch, two per request: as many requests as the
+        dispatch still groups (``MAX_GROUPED_ROWS / 2``, 512 on a GPU), seeded lengths up to
+        3,000 keys, launched with the default config as the dispatch launches them -- the
+        length-aware split's programs spread over hundreds of groups, not the handful above."""
+        requests = 8 if self.s.small else self.module.MAX_GROUPED_ROWS // 2
+        gen = torch.Generator().manual_seed(self.s.seed + 93)
+        finals = torch.randint(1, 300 if self.s.small else 3000, (requests,), generator=gen).tolist()
+        # check_group_rows drops the last row (a partial last group): 2 * requests - 1 rows,
+        # within the MAX_GROUPED_ROWS the length-aware split reads.
+        return self.check_group_rows(2, finals)
 
     def check_group_rows_static_split(self) -> CheckResult:
         """Grouped rows run only under the length-aware split: a prefill's causal rows asked
@@ -517,6 +532,7 @@ class Suite:
         for group_rows in self.s.groups:
             out.append((f"group_rows[G={group_rows}]", _bind(self.check_group_rows, group_rows)))
         out += [
+            ("group_rows_batch", self.check_group_rows_batch),
             ("group_rows_static_split", self.check_group_rows_static_split),
             ("clean_logits", self.check_clean_logits),
             ("cuda_graph_wide", self.check_cuda_graph_wide),
