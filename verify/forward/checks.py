@@ -242,7 +242,15 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
     both trees' selections pass the same-input oracle up to ties, and the unpatched tree run a
     second time (``control``) differs from its first run on that step as well -- upstream's own
     kernels break ties differently run to run, which no patch can be asked to reproduce. Without
-    the control such a step stays unexplained: the verdict is ``incomplete``, not a pass."""
+    the control such a step stays unexplained: the verdict is ``incomplete``, not a pass.
+
+    Both records also name how the profile's scorer was built (``scorer_build``: e.g. TileLang
+    forced to sm_120's lowering, or None); runs whose scorers were built differently are not
+    comparable -- another reduction order breaks near-ties its own way -- and end in ``error``."""
+    builds = [r.get("scorer_build") for r in (patched, base, *([control] if control is not None else []))]
+    if len(set(builds)) > 1:
+        return {"status": "error", "steps": len(patched["selections"]), "differing_steps": {},
+                "detail": f"not comparable: the scorer was built differently in the patched and unpatched runs ({builds})"}
     ps, bs = patched["selections"], base["selections"]
     pool = sorted(k for k, v in patched["pool_digest"].items() if base["pool_digest"].get(k) != v)
     missing = sorted(k for k in bs if k not in ps)

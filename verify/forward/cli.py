@@ -83,10 +83,13 @@ def _baseline_worker(profile: str, quick: bool, out: Path) -> int:
     from .tier import QUICK, ArmSpec, Sizes, run_arm
 
     install_deep_gemm_stand_in()  # the unpatched tree imports DeepGEMM at module level as well
+    # The scorer built as the patched run builds it: a TileLang kernel lowered otherwise (wgmma
+    # instead of sm_120's mma.sync) sums in another order and breaks near-ties its own way.
+    scorer_build = _tilelang_for(profile)
     with P.applied(profile) as applied:
         arm = run_arm(applied, ArmSpec("fp8", "fused"), QUICK if quick else Sizes())
     torch.save({"selections": arm.selections, "pool_digest": arm.pool_digest, "step_status": arm.step_status,
-                "errors": [r.detail for r in arm.results if r.status == "error"]}, out)
+                "scorer_build": scorer_build, "errors": [r.detail for r in arm.results if r.status == "error"]}, out)
     return 0
 
 
@@ -112,15 +115,18 @@ def _run_baseline(tree: Path, profile: str, quick: bool, out: Path, tag: str) ->
     return dict(base)
 
 
-def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: Path) -> dict[str, Any]:
+def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: Path,
+                          scorer_build: str | None) -> dict[str, Any]:
     """Flag off, the patched tree against the unpatched one (see :func:`checks.compare_flag_off`);
-    where selections differ, the unpatched tree runs a second time as the control."""
+    where selections differ, the unpatched tree runs a second time as the control.
+    ``scorer_build`` is how this run built the profile's scorer (:func:`_tilelang_for`)."""
     from .checks import compare_flag_off
 
     base = _run_baseline(tree, profile, quick, out, "")
     if isinstance(base, str):
         return {"status": "error", "detail": base}
-    patched = {"selections": arm.selections, "pool_digest": arm.pool_digest, "step_status": arm.step_status}
+    patched = {"selections": arm.selections, "pool_digest": arm.pool_digest, "step_status": arm.step_status,
+               "scorer_build": scorer_build}
     control: dict[str, Any] | None = None
     control_error = None
     if compare_flag_off(patched, base)["differing_steps"]:
@@ -217,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if r["status"] != "pass":
                     print(f"  {r['status'].upper()} {r['scenario']} {r['run']} {r['label']}: {r['detail'][:300]}", flush=True)
             if args.baseline_tree is not None and spec.fmt == "fp8" and spec.compressor == "fused" and not spec.draft_tokens:
-                baseline[profile] = compare_with_baseline(arm, args.baseline_tree, profile, args.quick, out)
+                baseline[profile] = compare_with_baseline(arm, args.baseline_tree, profile, args.quick, out,
+                                                          tilelang_note)
                 print(f"  flag off vs unpatched tree: {baseline[profile]['status']}: {baseline[profile]['detail']}", flush=True)
             # written after every arm: a run cut off at its time limit keeps what it measured
             _write(out, arms_meta, results, baseline, sizes)
