@@ -50,8 +50,16 @@ def _missing(rel: str, command: str) -> str:
     return f"_Not measured yet: `{rel}` is missing (produce it with `{command}`)._\n"
 
 
+# Tier 2 on the H200 per platform profile: the folder each profile's run is committed in.
+TIER2_H200_RUNS = (("sm90", f"{H200}/recall"), ("sm120", f"{H200}/recall-sm120"))
+
+
 def tier2(root: Path) -> str:
-    return _tier2(root, f"{H200}/recall/results.json", "verify/gpu/run.sh setup tier2")
+    """One table per platform profile (the fp8 path each GPU's dispatch runs)."""
+    return "\n".join(
+        _tier2(root, f"{folder}/results.json", f'TIER2_PLATFORMS={profile} verify/gpu/run.sh setup tier2')
+        for profile, folder in TIER2_H200_RUNS
+    )
 
 
 def tier2_cpu(root: Path) -> str:
@@ -83,12 +91,17 @@ def _tier2(root: Path, rel: str, command: str) -> str:
     fp8_g = [e for k, e in by.items() if k[0] == "fp8"]
     fp8_hits = sum(e["gated_hits"] for e in fp8_g), sum(e["gated_needles"] for e in fp8_g)
     platform = res["config"].get("platform", "auto (before platform profiles: upstream's torch fp8 fallback)")
+    score_fp8 = res["backend"]["paths"].get("score_fp8", "?")
+    # the stand-in's or the build's note, shortened to the function and what stood in
+    score_fp8 = score_fp8.split(" (")[0].split(" [")[0].split(" standing in for")[0] + (
+        " (Triton twin standing in for DeepGEMM)" if "standing in for deep_gemm" in score_fp8 else
+        " (built with TL_DISABLE_WGMMA: sm_120's mma.sync source)" if "TL_DISABLE_WGMMA" in score_fp8 else "")
     out = [
         (f"Tie-aware top-512 recall, {'same-q / exact-q oracle' if exact else 'same-q oracle'} "
         + (f"(CPU emulation of every format's quantization, no kernel ran; source `{rel}`):"
            if res["backend"].get("name", "").startswith("cpu") or res["config"].get("backend") == "cpu" else
            f"({res['versions'].get('device', '?')}, fp8 path of platform `{platform}`: "
-           f"`{res['backend']['paths'].get('score_fp8', '?').split(' (')[0]}`; source `{rel}`):")),
+           f"`{score_fp8}`; source `{rel}`):")),
         "",
         *lines,
         "",

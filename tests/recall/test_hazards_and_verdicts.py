@@ -172,7 +172,7 @@ def test_the_h200_torch_fallback_near_tie_is_reproduced_here_and_passes_the_scor
         assert got.numbers["recall_tie_min"] == numbers["recall_tie_min"] == 1.0
 
 
-@pytest.mark.parametrize("profile", ["sm90", "sm120"])
+@pytest.mark.parametrize("profile", ["sm90", "sm100", "sm120"])
 def test_committed_diagnosis_is_its_measured_checks_folded_with_the_committed_forward_runs(tmp_path, profile):
     # README's diagnosis figures come from diagnose/<profile>/diagnosis.json; that file is the GPU
     # run's measured checks (diagnose-measured/...) folded with the forward runs it names, by code
