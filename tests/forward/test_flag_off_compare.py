@@ -25,20 +25,20 @@ def test_a_difference_without_the_control_is_incomplete_not_a_pass():
     res = compare_flag_off(record([[0, 1, 2], [3, 4, 5]]), record([[0, 1, 2], [3, 4, 6]]))
     assert res["status"] == "incomplete"
     assert res["differing_steps"]["prefill"]["rows"] == 1 and res["differing_steps"]["prefill"]["max_slots_per_row"] == 1
-    assert "no unpatched rerun" in res["detail"]
+    assert "no rerun of either tree" in res["detail"]
 
 
 def test_upstreams_own_tie_breaking_explains_a_difference():
     patched, base = record([[0, 1, 2], [3, 4, 5]]), record([[0, 1, 2], [3, 4, 6]])
     control = record([[0, 1, 2], [3, 4, 7]])
     res = compare_flag_off(patched, base, control)
-    assert res["status"] == "pass" and "run-to-run tie-breaking" in res["detail"]
+    assert res["status"] == "pass" and "run-to-run tie-breaking" in res["detail"] and res["differing_steps"]["prefill"]["unpatched_rerun_differs"]
 
 
 def test_a_difference_upstream_does_not_show_against_itself_fails():
     patched, base = record([[0, 1, 2], [3, 4, 5]]), record([[0, 1, 2], [3, 4, 6]])
     res = compare_flag_off(patched, base, record([[0, 1, 2], [3, 4, 6]]))
-    assert res["status"] == "fail" and "NOT explained" in res["detail"]
+    assert res["status"] == "fail" and "NOT explained by either tree" in res["detail"]
 
 
 def test_a_difference_where_an_oracle_check_failed_fails_even_with_the_control():
@@ -73,3 +73,51 @@ def test_runs_whose_scorers_were_built_differently_are_not_compared():
     assert res["status"] == "error" and "built differently" in res["detail"]
     same = compare_flag_off(patched, {**record([[0, 1, 2]]), "scorer_build": patched["scorer_build"]})
     assert same["status"] == "pass"
+
+
+def test_the_patched_trees_own_rerun_explains_what_the_unpatched_control_does_not():
+    # The unpatched tree repeats itself; the patched tree, run again, does not: the flag-off path
+    # (upstream's kernels, in both trees) varies run to run on that step.
+    patched, base = record([[0, 1, 2], [3, 4, 5]]), record([[0, 1, 2], [3, 4, 6]])
+    res = compare_flag_off(patched, base, record([[0, 1, 2], [3, 4, 6]]), record([[0, 1, 2], [3, 4, 6]]))
+    assert res["status"] == "pass", res["detail"]
+    assert res["differing_steps"]["prefill"]["patched_rerun_differs"] is True
+    assert res["control"] == "unpatched tree run twice and patched tree run twice"
+
+
+def test_a_difference_both_trees_repeat_fails():
+    patched, base = record([[0, 1, 2], [3, 4, 5]]), record([[0, 1, 2], [3, 4, 6]])
+    res = compare_flag_off(patched, base, record([[0, 1, 2], [3, 4, 6]]), record([[0, 1, 2], [3, 4, 5]]))
+    assert res["status"] == "fail" and "NOT explained by either tree" in res["detail"]
+    assert res["differing_steps"]["prefill"]["patched_rerun_differs"] is False
+
+
+def test_a_patched_rerun_alone_is_a_control():
+    patched, base = record([[0, 1, 2], [3, 4, 5]]), record([[0, 1, 2], [3, 4, 6]])
+    res = compare_flag_off(patched, base, patched_control=record([[0, 1, 2], [3, 4, 5]]))
+    assert res["status"] == "fail" and res["control"] == "patched tree run twice"
+
+
+def test_compare_with_baseline_reruns_the_patched_arm_only_where_the_unpatched_control_leaves_a_doubt(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from verify.forward import cli
+
+    def arm(rows):
+        r = record(rows)
+        return SimpleNamespace(selections=r["selections"], pool_digest=r["pool_digest"], step_status=r["step_status"])
+
+    runs = {"": record([[0, 1, 2], [3, 4, 6]]), "-control": record([[0, 1, 2], [3, 4, 6]])}
+    monkeypatch.setattr(cli, "_run_baseline", lambda tree, profile, quick, out, tag: runs[tag])
+    reruns = []
+
+    def rerun():
+        reruns.append(1)
+        return arm([[0, 1, 2], [3, 4, 6]])  # the patched tree, run again, selects what upstream did
+
+    res = cli.compare_with_baseline(arm([[0, 1, 2], [3, 4, 5]]), tmp_path, "sm120", True, tmp_path, None, rerun)
+    assert reruns == [1] and res["status"] == "pass", res["detail"]
+
+    runs[""] = record([[0, 1, 2], [3, 4, 5]])  # identical: no control, no rerun
+    res = cli.compare_with_baseline(arm([[0, 1, 2], [3, 4, 5]]), tmp_path, "sm120", True, tmp_path, None, rerun)
+    assert reruns == [1] and res["status"] == "pass" and res["control"] is None

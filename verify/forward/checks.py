@@ -233,21 +233,23 @@ def _differing_rows(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
     return int(rows.sum()), worst
 
 
-def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dict[str, Any] | None = None) -> dict[str, Any]:
+def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dict[str, Any] | None = None,
+                     patched_control: dict[str, Any] | None = None) -> dict[str, Any]:
     """Flag off, the patched tree must leave the same pool bytes and select the same slots as the
     unpatched tree. Each record: ``selections`` (step -> sorted slots), ``pool_digest`` (step ->
     digest), ``step_status`` (step -> the oracle checks' verdict).
 
     A step whose selected sets differ is a fault unless all of these hold: the pool bytes agree,
     both trees' selections pass the same-input oracle up to ties, and the unpatched tree run a
-    second time (``control``) differs from its first run on that step as well -- upstream's own
-    kernels break ties differently run to run, which no patch can be asked to reproduce. Without
-    the control such a step stays unexplained: the verdict is ``incomplete``, not a pass.
+    second time (``control``) or the patched tree run a second time (``patched_control``) differs
+    from its own first run on that step -- upstream's kernels, which both trees run with the flag
+    off, then break ties differently run to run, which no patch can be asked to reproduce. Without
+    a control such a step stays unexplained: the verdict is ``incomplete``, not a pass.
 
     Both records also name how the profile's scorer was built (``scorer_build``: e.g. TileLang
     forced to sm_120's lowering, or None); runs whose scorers were built differently are not
     comparable -- another reduction order breaks near-ties its own way -- and end in ``error``."""
-    builds = [r.get("scorer_build") for r in (patched, base, *([control] if control is not None else []))]
+    builds = [r.get("scorer_build") for r in (patched, base, *(c for c in (control, patched_control) if c is not None))]
     if len(set(builds)) > 1:
         return {"status": "error", "steps": len(patched["selections"]), "differing_steps": {},
                 "detail": f"not comparable: the scorer was built differently in the patched and unpatched runs ({builds})"}
@@ -267,16 +269,20 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
             if control is not None:
                 cs = control["selections"].get(k)
                 entry["unpatched_rerun_differs"] = cs is not None and not torch.equal(cs, bs[k])
+            if patched_control is not None:
+                pcs = patched_control["selections"].get(k)
+                entry["patched_rerun_differs"] = pcs is not None and not torch.equal(pcs, v)
             differing[k] = entry
     tie_breaks = [k for k, e in differing.items()
                   if e["patched_oracle_check"] == "pass" and e["unpatched_oracle_check"] == "pass"
-                  and e.get("unpatched_rerun_differs") is True]
+                  and (e.get("unpatched_rerun_differs") is True or e.get("patched_rerun_differs") is True)]
     unexplained = [k for k in differing if k not in tie_breaks]
+    controlled = control is not None or patched_control is not None
     n = len(ps)
     if pool or missing or extra or any(e["patched_oracle_check"] != "pass" or e["unpatched_oracle_check"] != "pass"
                                        for e in differing.values()):
         status = "fail"
-    elif unexplained and control is None:
+    elif unexplained and not controlled:
         status = "incomplete"
     elif unexplained:
         status = "fail"
@@ -293,16 +299,17 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
             parts.append(f"selections differ on {len(differing)} steps ({rows} rows, at most "
                          f"{max(e['max_slots_per_row'] for e in differing.values())} slots a row)")
         if tie_breaks:
-            parts.append(f"{len(tie_breaks)} of them: both trees pass the same-input oracle up to ties and the "
-                         "unpatched tree differs from itself on a rerun there too (upstream's run-to-run tie-breaking)")
-        if unexplained and control is None:
-            parts.append(f"unexplained on {len(unexplained)} (no unpatched rerun to compare with)")
+            parts.append(f"{len(tie_breaks)} of them: both trees pass the same-input oracle up to ties and one tree "
+                         "differs from itself on a rerun there (run-to-run tie-breaking of the kernels both run)")
+        if unexplained and not controlled:
+            parts.append(f"unexplained on {len(unexplained)} (no rerun of either tree to compare with)")
         elif unexplained:
-            parts.append(f"NOT explained by upstream's own variation on {unexplained[:5]}")
+            parts.append(f"NOT explained by either tree's own variation on {unexplained[:5]}")
         detail = "; ".join(parts)
+    reruns = [name for name, c in (("unpatched", control), ("patched", patched_control)) if c is not None]
     return {"status": status, "steps": n, "detail": detail, "differing_steps": differing,
             "pool_differs": pool, "missing": missing, "extra": extra,
-            "control": None if control is None else "unpatched tree run twice"}
+            "control": " and ".join(f"{t} tree run twice" for t in reruns) or None}
 
 
 
