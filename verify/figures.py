@@ -194,6 +194,40 @@ def forward(root: Path) -> str:
             + f"\nFlag off vs the unpatched tree: {base}.\n")
 
 
+def flag_off(root: Path) -> str:
+    """Per profile, the latest flag-off comparison with the unpatched tree, step by step where
+    the selections differ (what the forward block's one line sums up)."""
+    from verify.forward.checks import flag_off_status
+
+    latest: dict[str, tuple[str, dict[str, Any]]] = {}
+    for path in sorted((root / H200 / "forward").glob("*/results.json")):
+        for profile, record in json.loads(path.read_text()).get("baseline", {}).items():
+            latest[profile] = (path.relative_to(root).as_posix(), record)
+    if not latest:
+        return _missing(f"{H200}/forward/<run>/results.json", "verify/gpu/run.sh setup forward")
+
+    def yes_no(value: Any) -> str:
+        return "not run" if value is None else "yes" if value else "no"
+
+    out = []
+    for profile, (rel, record) in sorted(latest.items()):
+        status, detail = flag_off_status(record)
+        differing = record.get("differing_steps")
+        if differing is None:  # recorded before differences were classified
+            out.append(f"- **{profile}** (`{rel}`): {status}: {detail}")
+            continue
+        steps = record.get("steps", 0)
+        out.append(f"- **{profile}** (`{rel}`; control: {record.get('control') or 'none'}): {status}; "
+                   f"{steps - len(differing)} of {steps} steps select the same slots as the unpatched tree; "
+                   f"pool bytes differ on {len(record.get('pool_differs', []))} steps")
+        for step, e in differing.items():
+            out.append(f"  - `{step}`: {e['rows']} of {e['of_rows']} rows differ, at most {e['max_slots_per_row']} "
+                       f"slots a row; same-input oracle: patched {e['patched_oracle_check']}, unpatched "
+                       f"{e['unpatched_oracle_check']}; unpatched rerun differs: {yes_no(e.get('unpatched_rerun_differs'))}; "
+                       f"patched rerun differs: {yes_no(e.get('patched_rerun_differs'))}")
+    return "\n".join(out) + "\n"
+
+
 def diagnosis(root: Path) -> str:
     parts = []
     for profile in ("sm90", "sm100", "sm120"):
@@ -270,6 +304,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "tier2-cpu": tier2_cpu,
     "forward": forward,
     "diagnosis": diagnosis,
+    "flag-off": flag_off,
     "parity": parity,
     "sm120": sm120,
 }
