@@ -224,7 +224,8 @@ def flag_off(root: Path) -> str:
             out.append(f"  - `{step}`: {e['rows']} of {e['of_rows']} rows differ, at most {e['max_slots_per_row']} "
                        f"slots a row; same-input oracle: patched {e['patched_oracle_check']}, unpatched "
                        f"{e['unpatched_oracle_check']}; unpatched rerun differs: {yes_no(e.get('unpatched_rerun_differs'))}; "
-                       f"patched rerun differs: {yes_no(e.get('patched_rerun_differs'))}")
+                       f"patched rerun differs: {yes_no(e.get('patched_rerun_differs'))}; the scores the top-k read "
+                       f"differ on those rows: {yes_no(e.get('scores_differ_on_those_rows'))}")
     return "\n".join(out) + "\n"
 
 

@@ -121,3 +121,30 @@ def test_compare_with_baseline_reruns_the_patched_arm_only_where_the_unpatched_c
     runs[""] = record([[0, 1, 2], [3, 4, 5]])  # identical: no control, no rerun
     res = cli.compare_with_baseline(arm([[0, 1, 2], [3, 4, 5]]), tmp_path, "sm120", True, tmp_path, None, rerun)
     assert reruns == [1] and res["status"] == "pass" and res["control"] is None
+
+
+def test_row_digests_count_only_the_columns_a_top_k_reads():
+    from verify.forward.checks import logits_row_digests
+
+    logits = torch.randn(3, 700)
+    lens = torch.tensor([600, 700, 100])
+    first = logits_row_digests(logits, lens, min_keys=512, chunk=2)
+    poisoned = logits.clone()
+    poisoned[0, 600:] = float("nan")  # past row 0's length: stale or never written
+    poisoned[2] = float("inf")  # row 2 has <= 512 keys: the top-k takes all without reading
+    assert torch.equal(logits_row_digests(poisoned, lens, min_keys=512), first)
+    assert first[2] == 0 and first[0] != 0
+    nudged = logits.clone()
+    nudged[1, 3] = torch.nextafter(nudged[1, 3], torch.tensor(float("inf")))  # one ulp on a read column
+    assert not torch.equal(logits_row_digests(nudged, lens, min_keys=512), first)
+
+
+def test_the_comparison_says_whether_the_scores_differed_where_the_selections_did():
+    patched, base = record([[0, 1, 2], [3, 4, 5]]), record([[0, 1, 2], [3, 4, 6]])
+    same = {"prefill": torch.tensor([7, 9]), "decode": torch.tensor([1])}
+    patched["logits_digest"], base["logits_digest"] = same, dict(same)
+    res = compare_flag_off(patched, base)
+    assert res["differing_steps"]["prefill"]["scores_differ_on_those_rows"] is False  # the top-k chose differently
+    base["logits_digest"] = {"prefill": torch.tensor([7, 8]), "decode": torch.tensor([1])}
+    res = compare_flag_off(patched, base)
+    assert res["differing_steps"]["prefill"]["scores_differ_on_those_rows"] is True  # the scorer did

@@ -221,6 +221,24 @@ def check_selection(
     return SelectionCheck(rows, ok, detail, r_same_mean, r_exact_mean, numbers)
 
 
+def logits_row_digests(logits: torch.Tensor, lens: torch.Tensor, min_keys: int, chunk: int = 4096) -> torch.Tensor:
+    """One int64 per row: the sum of the fp32 bit patterns of the row's first ``lens[r]`` logits
+    (the columns a top-k reads), 0 for rows of at most ``min_keys`` keys (the top-k takes all of
+    their keys without reading logits, and upstream's non-paged path leaves them unwritten). Two
+    runs whose digests agree on a row gave the top-k the same scores there (up to a collision);
+    columns past a row's length (stale, NaN or never written) do not count."""
+    rows, width = logits.shape
+    lens = lens.reshape(-1).to(logits.device).long().clamp(0, width)
+    out = torch.zeros(rows, dtype=torch.int64, device=logits.device)
+    cols = torch.arange(width, device=logits.device)
+    for lo in range(0, rows, chunk):
+        hi = min(rows, lo + chunk)
+        bits = logits[lo:hi].float().contiguous().view(torch.int32).long()
+        keep = (cols[None, :] < lens[lo:hi, None]) & (lens[lo:hi, None] > min_keys)
+        out[lo:hi] = torch.where(keep, bits, torch.zeros((), dtype=torch.int64, device=logits.device)).sum(1)
+    return out.cpu()
+
+
 def _differing_rows(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
     """Rows whose selected sets differ, and the most slots one such row differs by."""
     if a.shape != b.shape:
@@ -272,6 +290,12 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
             if patched_control is not None:
                 pcs = patched_control["selections"].get(k)
                 entry["patched_rerun_differs"] = pcs is not None and not torch.equal(pcs, v)
+            # whether the two trees' scorers handed the top-k the same scores on the rows whose
+            # selections differ: tells a scorer difference from a top-k one
+            pd, bd = patched.get("logits_digest", {}).get(k), base.get("logits_digest", {}).get(k)
+            if pd is not None and bd is not None and pd.shape == bd.shape and v.shape == bs[k].shape:
+                rows = (v != bs[k]).any(1)
+                entry["scores_differ_on_those_rows"] = bool((pd[rows] != bd[rows]).any())
             differing[k] = entry
     tie_breaks = [k for k, e in differing.items()
                   if e["patched_oracle_check"] == "pass" and e["unpatched_oracle_check"] == "pass"

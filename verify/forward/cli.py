@@ -89,7 +89,8 @@ def _baseline_worker(profile: str, quick: bool, out: Path) -> int:
     with P.applied(profile) as applied:
         arm = run_arm(applied, ArmSpec("fp8", "fused"), QUICK if quick else Sizes())
     torch.save({"selections": arm.selections, "pool_digest": arm.pool_digest, "step_status": arm.step_status,
-                "scorer_build": scorer_build, "errors": [r.detail for r in arm.results if r.status == "error"]}, out)
+                "scorer_build": scorer_build, "logits_digest": arm.logits_digest,
+                "errors": [r.detail for r in arm.results if r.status == "error"]}, out)
     return 0
 
 
@@ -125,7 +126,7 @@ def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: 
 
     def record(a: Any) -> dict[str, Any]:
         return {"selections": a.selections, "pool_digest": a.pool_digest, "step_status": a.step_status,
-                "scorer_build": scorer_build}
+                "scorer_build": scorer_build, "logits_digest": getattr(a, "logits_digest", {})}
 
     base = _run_baseline(tree, profile, quick, out, "")
     if isinstance(base, str):

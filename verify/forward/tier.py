@@ -40,7 +40,7 @@ import torch
 
 from verify import platform as P
 
-from .checks import check_keys, check_selection, decode_pool_keys
+from .checks import check_keys, check_selection, decode_pool_keys, logits_row_digests
 from .reference import reference_keys, reference_q
 from .rig import INDEX_TOPK, LAYER_ID, Request, Rig, RigConfig, batched_token_inputs
 from .stand_ins import FP8_SCORERS, SCORERS, TOPKS, Spies, roles_called
@@ -118,6 +118,9 @@ class Arm:
         self.selections: dict[str, torch.Tensor] = {}  # step key -> selected slots (flag-off identity)
         self.pool_digest: dict[str, str] = {}
         self.step_status: dict[str, str] = {}  # step key -> pass | fail | error (the oracle checks' verdict)
+        # step key -> per-row digest of the scores the top-k read (eager steps whose logits were kept)
+        self.logits_digest: dict[str, torch.Tensor] = {}
+        self._last_digest: torch.Tensor | None = None
 
     def close(self) -> None:
         self.spies.uninstall()
@@ -174,6 +177,8 @@ class Arm:
         key = f"{scenario}:{label}:{run}"
         self.selections[key] = selected.sort(dim=1).values.cpu()  # the top-k's order is not part of its contract
         self.step_status[key] = res.status
+        if self._last_digest is not None:
+            self.logits_digest[key] = self._last_digest
         self.pool_digest[key] = hashlib.sha256(self.pool_buf.cpu().numpy().tobytes()).hexdigest()[:16]
         self.results.append(res)
         return res
@@ -270,6 +275,12 @@ class Arm:
         logits = torch.cat(kept) if kept and len({t.shape[1] for t in kept}) == 1 else None
         if logits is not None and logits.shape[0] != selected.shape[0]:
             logits = None
+        self._last_digest = None
+        if logits is not None:
+            try:  # what the flag-off comparison reports beside the selections; never fails a step
+                self._last_digest = logits_row_digests(logits, (positions[: logits.shape[0]] + 1) // 4, INDEX_TOPK)
+            except (RuntimeError, ValueError) as exc:
+                print(f"  note: no logits digest for this step ({P.short_error(exc)})", flush=True)
         scorer = roles_called([c for c in calls if c.role in SCORERS])
         topk = roles_called([c for c in calls if c.role in TOPKS])
         other = roles_called([c for c in calls if c.role not in SCORERS and c.role not in TOPKS])
