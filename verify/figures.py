@@ -199,12 +199,11 @@ def flag_off(root: Path) -> str:
     the selections differ (what the forward block's one line sums up)."""
     from verify.forward.checks import flag_off_status
 
-    latest: dict[str, tuple[str, dict[str, Any]]] = {}
-    for path in sorted((root / H200 / "forward").glob("*/results.json")):
-        for profile, record in json.loads(path.read_text()).get("baseline", {}).items():
-            latest[profile] = (path.relative_to(root).as_posix(), record)
-    if not latest:
-        return _missing(f"{H200}/forward/<run>/results.json", "verify/gpu/run.sh setup forward")
+    rels, res = _forward_results(root)
+    if res is None or not res["baseline"]:
+        return _missing(rels[0] if res is None else f"{H200}/forward/<run>/results.json", "verify/gpu/run.sh setup forward")
+    latest = {profile: (res["baseline_from"][profile].relative_to(root).as_posix(), record)
+              for profile, record in res["baseline"].items()}
 
     def yes_no(value: Any) -> str:
         return "not run" if value is None else "yes" if value else "no"

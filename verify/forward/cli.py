@@ -132,16 +132,17 @@ def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: 
     if isinstance(base, str):
         return {"status": "error", "detail": base}
     patched = record(arm)
+    differs = bool(compare_flag_off(patched, base)["differing_steps"])
     control: dict[str, Any] | None = None
     errors = []
-    if compare_flag_off(patched, base)["differing_steps"]:
+    if differs:
         again = _run_baseline(tree, profile, quick, out, "-control")
         if isinstance(again, str):
             errors.append(f"the unpatched control run failed: {again}")
         else:
             control = again
     patched_control: dict[str, Any] | None = None
-    if compare_flag_off(patched, base, control)["status"] != "pass" and compare_flag_off(patched, base)["differing_steps"]:
+    if differs and compare_flag_off(patched, base, control)["status"] != "pass":
         try:
             patched_control = record(rerun_patched())
         except Exception as exc:  # noqa: BLE001 -- recorded: the verdict then stands without it

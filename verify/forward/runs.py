@@ -12,8 +12,9 @@ from typing import Any
 def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
     """The ``results.json`` of several forward-tier folders as one: in the given order, a later
     run of the same profile and arm replaces an earlier one (steps and all), and a later
-    flag-off comparison of a profile replaces an earlier one."""
-    merged: dict[str, Any] = {"arms": [], "steps": [], "baseline": {}, "versions": {}}
+    flag-off comparison of a profile replaces an earlier one (``baseline_from``: the run each
+    profile's comparison was taken from)."""
+    merged: dict[str, Any] = {"arms": [], "steps": [], "baseline": {}, "baseline_from": {}, "versions": {}}
     by_arm: dict[tuple[str, str], tuple[dict[str, Any], list[dict[str, Any]]]] = {}
     for path in paths:
         res = json.loads((path / "results.json" if path.is_dir() else path).read_text())
@@ -21,6 +22,7 @@ def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
             key = (meta["profile"], meta["arm"])
             by_arm[key] = (meta, [s for s in res["steps"] if (s["profile"], s["arm"]) == key])
         merged["baseline"].update(res.get("baseline", {}))
+        merged["baseline_from"].update({profile: path for profile in res.get("baseline", {})})
         merged["versions"] = res.get("versions", {})
     for meta, steps in by_arm.values():
         merged["arms"].append(meta)

@@ -120,7 +120,6 @@ class Arm:
         self.step_status: dict[str, str] = {}  # step key -> pass | fail | error (the oracle checks' verdict)
         # step key -> per-row digest of the scores the top-k read (eager steps whose logits were kept)
         self.logits_digest: dict[str, torch.Tensor] = {}
-        self._last_digest: torch.Tensor | None = None
 
     def close(self) -> None:
         self.spies.uninstall()
@@ -171,14 +170,12 @@ class Arm:
         positions = fb.positions.clone()
         rig.commit(reqs, extend_lens)
         run = "multi-stream" if multi_stream else "eager"
-        res = self._check(scenario, label, run, mode, reqs, extend_lens, selected, positions, x, q_lora)
+        key = f"{scenario}:{label}:{run}"
+        res = self._check(scenario, label, run, mode, reqs, extend_lens, selected, positions, x, q_lora, digest_key=key)
         res.peak_mb = round(peak, 2)
         res.logits_mb = round(rows * width * 4 / 2**20, 2)
-        key = f"{scenario}:{label}:{run}"
         self.selections[key] = selected.sort(dim=1).values.cpu()  # the top-k's order is not part of its contract
         self.step_status[key] = res.status
-        if self._last_digest is not None:
-            self.logits_digest[key] = self._last_digest
         self.pool_digest[key] = hashlib.sha256(self.pool_buf.cpu().numpy().tobytes()).hexdigest()[:16]
         self.results.append(res)
         return res
@@ -268,17 +265,20 @@ class Arm:
 
     # -- checks -----------------------------------------------------------------------------------
     def _check(self, scenario: str, label: str, run: str, mode: str, reqs: list[Request], extend_lens: list[int],
-               selected: torch.Tensor, positions: torch.Tensor, x: torch.Tensor, q_lora: torch.Tensor) -> StepResult:
+               selected: torch.Tensor, positions: torch.Tensor, x: torch.Tensor, q_lora: torch.Tensor,
+               digest_key: str | None = None) -> StepResult:
+        """The step's checks; with ``digest_key``, also the per-row digest of the logits the
+        top-k read, kept under that key for the flag-off comparison."""
         rig = self.rig
         calls = self.spies.take()
         kept = self.spies.take_logits()
         logits = torch.cat(kept) if kept and len({t.shape[1] for t in kept}) == 1 else None
         if logits is not None and logits.shape[0] != selected.shape[0]:
             logits = None
-        self._last_digest = None
-        if logits is not None:
+        if digest_key is not None and logits is not None:
             try:  # what the flag-off comparison reports beside the selections; never fails a step
-                self._last_digest = logits_row_digests(logits, (positions[: logits.shape[0]] + 1) // 4, INDEX_TOPK)
+                self.logits_digest[digest_key] = logits_row_digests(logits, (positions[: logits.shape[0]] + 1) // 4,
+                                                                    INDEX_TOPK)
             except (RuntimeError, ValueError) as exc:
                 print(f"  note: no logits digest for this step ({P.short_error(exc)})", flush=True)
         scorer = roles_called([c for c in calls if c.role in SCORERS])
