@@ -4,7 +4,7 @@
 # Usage:
 #
 #   verify/gpu/run.sh STAGE...     stages: install setup tests tier1 tier1_read tier2 forward
-#                                  diagnose bench ncu (or: all)
+#                                  diagnose bench ncu deepgemm (or: all)
 #
 # install puts whatever bundle was carried (.whl/a, .whl/b or .whl/c) into $SITE, which stays on
 # the machine while it is held: carry a, then b, then c in consecutive calls (`install` alone for
@@ -18,6 +18,12 @@
 # (`python -m bf16k apply --source wheel --wheel-file ...`) and compiles the kernels for the local
 # GPU (`python -m bf16k build`). Results go to build/gpu/<stage>/ and logs to build/gpu/logs/;
 # when $OUT is set (the device tool), everything is also packed into $OUT/gpu-results.tgz.
+#
+# deepgemm builds DeepGEMM from the source bundle .whl/dg (verify/gpu/fetch_deepgemm.sh; carry it
+# in the call that runs the stage) into /tmp/bf16k-deepgemm and runs the checks on its first call
+# (DEEPGEMM_TESTS="tests/test_attention.py" adds DeepGEMM's own tests). With USE_DEEPGEMM=1 the
+# later stages put that build on the path, with the compiler's libstdc++ preloaded, so the tests,
+# tier 2 and the forward tier use the real DeepGEMM instead of the Triton twin stand-in.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -31,6 +37,7 @@ export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export BF16K_CACHE_DIR=${BF16K_CACHE_DIR:-/tmp/bf16k-cache}
 export SGLANG_JIT_CACHE_DIR=$ROOT/build/jit-cache
 SITE=/tmp/bf16k-site
+DEEPGEMM_JIT=/tmp/bf16k-deepgemm-jit
 PY=${PYTHON:-python3}
 status=0
 
@@ -56,7 +63,7 @@ stage_setup() {
   export PYTHONPATH=$SITE
   "$PY" -m bf16k apply --source wheel --wheel-file /tmp/bf16k-upstream-wheel/sglang-*.whl || return 1
   "$PY" -m bf16k build || return 1
-  with_tree
+  USE_DEEPGEMM=0 with_tree || return 1  # DeepGEMM, if asked for, is built after setup
   "$PY" -c "import sglang.srt.mem_cache.deepseek_v4_memory_pool, sglang.srt.layers.attention.dsv4.compressor_v2, sglang.srt.layers.attention.dsv4.indexer; print('pool, compressor and indexer modules import')" || echo "WARNING: upstream modules do not import; pool-level checks will error"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$LOGS/gpu.csv"
   "$PY" - > "$LOGS/env.json" <<'EOF'
@@ -76,6 +83,15 @@ with_tree() {
     export PYTHONPATH=$PYTHONPATH:$ROOT/verify/gpu/import_stubs
     echo "note: not installed:$missing; import-time stubs from verify/gpu/import_stubs in use" >&2
   fi
+  if [ "${USE_DEEPGEMM:-0}" = 1 ]; then  # the DeepGEMM the deepgemm stage built, as the fp8 scorer
+    [ -f /tmp/bf16k-deepgemm/.built ] ||
+      { echo "USE_DEEPGEMM=1: run the deepgemm stage first on this machine (carry .whl/dg)" >&2; return 1; }
+    # Preloaded: without it DeepGEMM's first JIT call segfaults in std::regex on this image.
+    export PYTHONPATH=/tmp/bf16k-deepgemm:$PYTHONPATH DG_JIT_CACHE_DIR=$DEEPGEMM_JIT
+    LD_PRELOAD=$(deepgemm_libstdcxx)${LD_PRELOAD:+:$LD_PRELOAD}
+    export LD_PRELOAD
+    echo "note: DeepGEMM from /tmp/bf16k-deepgemm ($(head -1 /tmp/bf16k-deepgemm/BF16K_PINS)), LD_PRELOAD=$LD_PRELOAD" >&2
+  fi
 }
 
 deep_gemm_is_real() {
@@ -83,7 +99,7 @@ deep_gemm_is_real() {
 }
 
 stage_tests() {   # the series' own upstream-style tests, GPU-marked ones included
-  with_tree
+  with_tree || return 1
   local tests=sglang-upstream/python/sglang/test/dsv4_bf16_index_k
   if ! deep_gemm_is_real; then
     # Upstream imports DeepGEMM whenever CUDA is present (dsa_backend), so the tests that import
@@ -109,7 +125,7 @@ stage_tests() {   # the series' own upstream-style tests, GPU-marked ones includ
 }
 
 stage_ncu() {     # Nsight Compute counters for the read kernels (verify/bench/ncu_probe.py)
-  with_tree
+  with_tree || return 1
   mkdir -p "$RES/ncu"
   local metrics
   metrics=$("$PY" -m verify.bench.ncu_probe --print-metrics) || return 1
@@ -124,17 +140,17 @@ stage_ncu() {     # Nsight Compute counters for the read kernels (verify/bench/n
 }
 
 stage_tier1() {
-  with_tree
+  with_tree || return 1
   "$PY" -m verify --tiers 1 --out "$RES/verify"
 }
 
 stage_tier1_read() {   # tier 1's read parity alone (after a change to the read kernel only)
-  with_tree
+  with_tree || return 1
   "$PY" -m verify.parity.read --out "$RES/verify/parity"
 }
 
 stage_tier2() {  # tier 2 per platform profile (TIER2_PLATFORMS, default "auto"; TIER2_ARGS_<profile> adds options)
-  with_tree
+  with_tree || return 1
   local p rc=0 extra
   for p in ${TIER2_PLATFORMS:-auto}; do
     extra=TIER2_ARGS_$p
@@ -146,7 +162,7 @@ stage_tier2() {  # tier 2 per platform profile (TIER2_PLATFORMS, default "auto";
 
 stage_forward() {  # the forward tier (FORWARD_ARGS, e.g. "--quick --platform auto sm120") into
   # forward/$FORWARD_NAME (default: the platforms), so runs of several calls sit side by side
-  with_tree
+  with_tree || return 1
   local base="" args=${FORWARD_ARGS:---platform auto sm120}
   local name=${FORWARD_NAME:-$(date -u +%Y%m%d-%H%M)-$(echo "$args" | sed -n 's/.*--platform \([a-z0-9 ]*\).*/\1/p' | tr ' ' '-' | sed 's/-*$//')}
   [ "${FORWARD_BASELINE:-1}" = 1 ] && baseline_tree && base="--baseline-tree $ROOT/build/upstream-baseline/python"
@@ -156,7 +172,7 @@ stage_forward() {  # the forward tier (FORWARD_ARGS, e.g. "--quick --platform au
 
 stage_diagnose() {  # per-platform fp8 diagnosis (DIAGNOSE_PLATFORMS, default "sm90 sm120"), with
   # every forward-tier run this machine wrote (in time order; each platform's verdicts take its arms)
-  with_tree
+  with_tree || return 1
   local p rc=0 fwd
   fwd=$(ls -d "$RES"/forward/*/ 2>/dev/null | sort | tr '\n' ' ')
   for p in ${DIAGNOSE_PLATFORMS:-sm90 sm120}; do
@@ -175,8 +191,54 @@ baseline_tree() {  # an unpatched tree at the base commit (the flag-off bit-iden
     git -C "$ROOT/build/upstream-baseline" checkout -q -f --detach "$base"
 }
 
+stage_deepgemm() {  # DeepGEMM built from the carried source (.whl/dg, verify/gpu/fetch_deepgemm.sh)
+  # and the checks that place the crash of its paged-MQA metadata call: unbuffered JIT debug
+  # output, the JIT cache's contents, a 1-D context_lens (must raise, not crash) and a backtrace.
+  local tgz src=/tmp/bf16k-deepgemm dbg
+  tgz=$(ls .whl/dg/deepgemm-*.tar.gz 2>/dev/null | head -1)
+  if [ ! -f "$src/.built" ]; then
+    [ -n "$tgz" ] || { echo "no DeepGEMM source carried (.whl/dg; verify/gpu/fetch_deepgemm.sh)" >&2; return 1; }
+    rm -rf "$src" && mkdir -p "$src" && tar xzf "$tgz" -C "$src" --strip-components=1 || return 1
+    cat "$src/BF16K_PINS"
+    # setup.py's build_py copies CUTLASS's headers next to the package; build_ext --inplace does not
+    cp -r "$src"/third-party/cutlass/include/{cutlass,cute} "$src/deep_gemm/include/" &&
+      (cd "$src" && DG_USE_LOCAL_VERSION=0 "$PY" setup.py build_ext --inplace) > "$RES/deepgemm-build.log" 2>&1 ||
+      { tail -40 "$RES/deepgemm-build.log"; return 1; }
+    touch "$src/.built"
+  fi
+  export PYTHONPATH=$src${PYTHONPATH:+:$PYTHONPATH} DG_JIT_CACHE_DIR=$DEEPGEMM_JIT
+  local T='import torch,deep_gemm;cl=torch.full((4,1),300,dtype=torch.int32,device="cuda");m=deep_gemm.get_paged_mqa_logits_metadata(cl,64,deep_gemm.get_num_sms());torch.cuda.synchronize();print("metadata",m[:3].tolist())'
+  echo "--- 1. the metadata call, JIT debug output unbuffered"
+  DG_JIT_DEBUG=1 PYTHONFAULTHANDLER=1 timeout 120 stdbuf -o0 -e0 "$PY" -c "$T"; echo "exit $?"
+  echo "--- 2. the JIT cache after it"
+  ls -R "$DG_JIT_CACHE_DIR" 2>&1 | head -40
+  echo "--- 3. a 1-D context_lens (must raise an error, not crash)"
+  timeout 60 "$PY" -c "${T/(4,1)/(4,)}" 2>&1 | tail -5; echo "exit ${PIPESTATUS[0]}"
+  echo "--- 4. backtrace"
+  dbg=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+  if [ -n "$dbg" ]; then
+    timeout 240 "$dbg" -q -batch -ex run -ex bt -ex "info sharedlibrary deep_gemm" --args "$PY" -c "$T" 2>&1 | grep -v "^\[New Thread\|^\[Thread" | tail -60
+  else
+    echo "no gdb or cuda-gdb on this machine"
+  fi
+  echo "--- 5. the C++ runtime: what the extension links, what the process maps, and the call with"
+  echo "    the compiler's libstdc++ preloaded (session 6: the call above segfaults, this one returns)"
+  readelf -d "$src"/deep_gemm/_C*.so | grep -E "NEEDED|RUNPATH|RPATH"
+  "$PY" -c 'import torch, deep_gemm, re; print(sorted(set(re.findall(r"/\S*libstdc\+\+\S*", open("/proc/self/maps").read()))))'
+  echo "compiler: $(g++ --version | head -1) -> $(deepgemm_libstdcxx)"
+  LD_PRELOAD=$(deepgemm_libstdcxx) timeout 120 "$PY" -c "$T"; echo "exit $?"
+  if [ -n "${DEEPGEMM_TESTS:-}" ]; then  # e.g. "tests/test_attention.py": DeepGEMM's own tests
+    # shellcheck disable=SC2086
+    (cd "$src" && LD_PRELOAD=$(deepgemm_libstdcxx) timeout "${DEEPGEMM_TESTS_TIMEOUT:-240}" "$PY" -u $DEEPGEMM_TESTS) 2>&1 | tail -60
+  fi
+}
+
+deepgemm_libstdcxx() {  # the libstdc++ of the compiler that built DeepGEMM
+  readlink -f "$(g++ -print-file-name=libstdc++.so.6)"
+}
+
 stage_bench() {
-  with_tree
+  with_tree || return 1
   # shellcheck disable=SC2086
   "$PY" -m verify.bench --out "$RES/bench" ${BENCH_ARGS:-}
   local rc=$?
@@ -193,10 +255,10 @@ for s in "${stages[@]}"; do
   start=$(date +%s)
   echo "=== stage $s" | tee -a "$LOGS/stages.log"
   case "$s" in
-    install|setup|tests|tier1|tier1_read|tier2|forward|diagnose|bench|ncu)
+    install|setup|tests|tier1|tier1_read|tier2|forward|diagnose|bench|ncu|deepgemm)
       limit_var=TIMEOUT_$s
-      export -f "stage_$s" with_tree deep_gemm_is_real baseline_tree
-      export ROOT RES LOGS SITE PY TIER2_ARGS TIER2_PLATFORMS TIER2_ARGS_sm90 TIER2_ARGS_sm120 TIER2_ARGS_auto BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS
+      export -f "stage_$s" with_tree deep_gemm_is_real baseline_tree deepgemm_libstdcxx
+      export ROOT RES LOGS SITE DEEPGEMM_JIT PY USE_DEEPGEMM DEEPGEMM_TESTS_TIMEOUT TIER2_ARGS TIER2_PLATFORMS TIER2_ARGS_sm90 TIER2_ARGS_sm120 TIER2_ARGS_auto BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS DEEPGEMM_TESTS
       timeout "${!limit_var:-$STAGE_TIMEOUT}" bash -c "stage_$s" > >(tee "$LOGS/$s.log") 2>&1; rc=$? ;;
     *) echo "unknown stage $s"; rc=2 ;;
   esac
