@@ -72,3 +72,36 @@ def test_what_the_cpu_readme_says_about_the_q_holds_at_every_length_the_indexer_
         assert bf16q - m["exact"] > 1 - bf16q, (topk, n)
         checked += 1
     assert checked >= 10
+
+
+def test_the_deepgemm_block_reads_what_the_committed_logs_say(tmp_path: Path) -> None:
+    """Session 6's logs: the crash, its frame and the preload's return; then the same logs with
+    the preload failing and the stage log alone, as a later run could leave them."""
+    block = figures.deepgemm(ROOT)
+    assert "the metadata call: segmentation fault (exit 139)" in block
+    assert "`deep_gemm::IncludeParser::get_includes` at `include_parser.hpp:18`" in block
+    assert "preloaded: returned" in block
+    assert "context_lens.dim() == 2" in block
+    src = ROOT / figures.DEEPGEMM
+    dst = tmp_path / figures.DEEPGEMM
+    shutil.copytree(src, dst)
+    for log in dst.glob("libstdcxx-preload-*.log"):
+        log.write_text(log.read_text().replace("\nexit 0\n", "\nexit 139\n"))
+    assert "preloaded: segmentation fault (exit 139)" in figures.deepgemm(tmp_path)
+    for log in dst.glob("*.log"):
+        if not log.name.startswith("stage-"):
+            log.unlink()
+    alone = figures.deepgemm(tmp_path)
+    assert "preloaded" not in alone and "test_attention" not in alone
+    shutil.rmtree(dst)
+    assert "Not measured yet" in figures.deepgemm(tmp_path)
+
+
+def test_the_gpu_tests_block_counts_a_failure_in_a_junit_file(tmp_path: Path) -> None:
+    logs = tmp_path / figures.H200 / "logs"
+    shutil.copytree(ROOT / figures.H200 / "logs", logs)
+    assert figures.gpu_tests(tmp_path) == figures.gpu_tests(ROOT)
+    newest = max(logs.glob("tests-gpu-*-junit.xml"))
+    newest.write_text(newest.read_text().replace('failures="0"', 'failures="1"', 1))
+    line = figures.gpu_tests(tmp_path).splitlines()[-1]
+    assert ", 1 failed," in line and line != figures.gpu_tests(ROOT).splitlines()[-1]

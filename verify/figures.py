@@ -288,6 +288,73 @@ def sm120(root: Path) -> str:
     return f"Source `{rel}` (nvcc and TileLang, no GPU):\n\n" + "\n".join(out) + "\n"
 
 
+def gpu_tests(root: Path) -> str:
+    """The series' tests on the GPU, one line per committed junit file of the tests stage."""
+    import xml.etree.ElementTree as ET
+
+    files = sorted((root / H200 / "logs").glob("tests-gpu-*-junit.xml"))
+    if not files:
+        return _missing(f"{H200}/logs/tests-gpu-*-junit.xml", "verify/gpu/run.sh setup tests")
+    out = []
+    for path in files:
+        suites = list(ET.parse(path).getroot().iter("testsuite"))
+        count = {k: sum(int(su.attrib.get(k, 0)) for su in suites) for k in ("tests", "skipped", "failures", "errors")}
+        seconds = sum(float(su.attrib.get("time", 0)) for su in suites)
+        passed = count["tests"] - count["skipped"] - count["failures"] - count["errors"]
+        out.append(f"- `{path.relative_to(root)}`: {passed} passed, {count['skipped']} skipped, "
+                   f"{count['failures']} failed, {count['errors']} errors ({seconds:.0f} s)")
+    return "\n".join(out) + "\n"
+
+
+DEEPGEMM = f"{H200}/deepgemm"
+
+
+def deepgemm(root: Path) -> str:
+    """What the deepgemm stage's logs say: the pins, each check's outcome, DeepGEMM's own tests."""
+    folder = root / DEEPGEMM
+    stage = sorted(folder.glob("stage-*.log"))
+    if not stage:
+        return _missing(f"{DEEPGEMM}/stage-*.log", "verify/gpu/run.sh deepgemm (carry .whl/dg)")
+    text = stage[-1].read_text()
+    pins = dict(line.split(" ", 1) for line in text.splitlines() if re.match(r"^(deepgemm|cutlass|fmt) [0-9a-f]{40}$", line))
+    out = [f"Source `{stage[-1].relative_to(root)}` and the logs beside it; built from "
+           + ", ".join(f"{k} `{v[:7]}`" for k, v in pins.items()) + ":\n"]
+
+    def section(n: int, body: str) -> str:
+        m = re.search(rf"^--- {n}\..*?$(.*?)(?=^--- \d\.|^=== |\Z)", body, re.DOTALL | re.MULTILINE)
+        return m.group(1) if m else ""
+
+    def exit_of(chunk: str) -> str:
+        codes = re.findall(r"^exit (\d+)$", chunk, re.MULTILINE)
+        if not codes:
+            return "no exit status logged"
+        code = int(codes[-1])
+        return "returned" if code == 0 else ("segmentation fault (exit 139)" if code == 139 else f"exit {code}")
+
+    first = section(1, text)
+    out.append(f"- the metadata call: {exit_of(first)}")
+    cache = section(2, text)
+    out.append("- JIT cache afterwards: " + ("none" if "No such file" in cache or not cache.strip() else "present"))
+    raised = re.search(r"RuntimeError: (.*)", section(3, text))
+    out.append("- 1-D context_lens: " + (f"raises `{raised.group(1).strip()}`" if raised else "did not raise"))
+    frame = re.search(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(deep_gemm::[\w:<>]+) \(.*? at (\S+:\d+)", section(4, text), re.MULTILINE)
+    out.append("- backtrace: " + (f"`{frame.group(1)}` at `{frame.group(2).split('/')[-1]}`" if frame else "no DeepGEMM frame"))
+    pre = sorted(folder.glob("libstdcxx-preload-*.log"))
+    chunk = section(5, text) or (pre[-1].read_text() if pre else "")
+    if chunk:
+        maps = re.findall(r"/\S*libstdc\+\+\S*?(?=')", chunk)
+        out.append(f"- the same call with the compiler's libstdc++ preloaded: {exit_of(chunk)}"
+                   + (f" (the process maps {', '.join(f'`{m}`' for m in sorted(set(maps)))})" if maps else ""))
+    for log in sorted(folder.glob("test-attention-*.log")):
+        body = log.read_text()
+        cases = len(re.findall(r"^ > ", body, re.MULTILINE))
+        failed = re.search(r"(AssertionError|Error:|Traceback)", body)
+        out.append(f"- DeepGEMM's `tests/test_attention.py` (`{log.name}`): {cases} cases timed, "
+                   + (f"failed ({failed.group(1)})" if failed else "no assertion failed")
+                   + "; sections reached: " + ", ".join(re.findall(r"^Testing (.*?):?$", body, re.MULTILINE)))
+    return "\n".join(out) + "\n"
+
+
 def speed(root: Path) -> str:
     from verify.bench import report
 
@@ -307,6 +374,8 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "flag-off": flag_off,
     "parity": parity,
     "sm120": sm120,
+    "gpu-tests": gpu_tests,
+    "deepgemm": deepgemm,
 }
 
 
