@@ -158,6 +158,8 @@ class ShapeResult:
     bf16_default: Timing | None = None
     bf16_best: Timing | None = None
     fp8_best: Timing | None = None
+    # DeepGEMM's fp8_paged_mqa_logits where a working DeepGEMM imports (else its reason)
+    fp8_deepgemm: Timing | None = None
     gather: Timing | None = None
     peak_extra_bytes: dict[str, int] = field(default_factory=dict)
     sweep: list[Timing] = field(default_factory=list)
@@ -184,6 +186,11 @@ class ShapeResult:
             out["fp8_hbm_pct"] = 100 * self.key_bytes_fp8 / (fp8 * 1e-3) / HBM_BYTES_PER_S
         if bf16 and fp8:
             out["ratio_bf16_over_fp8"] = bf16 / fp8
+        deepgemm = self.fp8_deepgemm.ms if self.fp8_deepgemm else None
+        if deepgemm:
+            out["deepgemm_hbm_pct"] = 100 * self.key_bytes_fp8 / (deepgemm * 1e-3) / HBM_BYTES_PER_S
+            if self.bf16_default and self.bf16_default.ms:
+                out["ratio_bf16_over_deepgemm"] = self.bf16_default.ms / deepgemm
         if bf16 and gather:
             out["ratio_gather_over_bf16"] = gather / bf16
         if self.bf16_default and self.bf16_default.ms:
@@ -281,6 +288,24 @@ def sweep_configs(module: Any, level: str) -> list[Any]:
         (256, 8, True, 2),
     ]
     return [c for c in sweep if (c.block_n, c.num_warps, c.swap_ab, c.num_stages) in wanted]
+
+
+def deepgemm_paged(case: Any, fp8_view: torch.Tensor, tables: list[torch.Tensor], args: argparse.Namespace) -> Timing:
+    """DeepGEMM's paged fp8 scorer on the same pages as the twin, checked against it first."""
+    from verify.bench import deepgemm_arm
+    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+
+    label = "DeepGEMM fp8_paged_mqa_logits"
+    dg, how = deepgemm_arm.load()
+    if dg is None:
+        return Timing(label, error=how)
+    try:
+        calls, diff = deepgemm_arm.paged_decode_calls(dg, case, fp8_view, tables, fp8_paged_mqa_logits_twin)
+    except Exception as error:  # noqa: BLE001 - a crash or a disagreement is the arm's result
+        return Timing(label, error=f"{type(error).__name__}: {error}"[:300])
+    timing = timed(label, calls, args)
+    timing.note = "; ".join(filter(None, [timing.note, f"calc_diff vs the twin {diff:.1e}", how]))
+    return timing
 
 
 def run_shape(shape: Shape, module: Any, args: argparse.Namespace) -> ShapeResult:
@@ -397,6 +422,8 @@ def run_shape(shape: Shape, module: Any, args: argparse.Namespace) -> ShapeResul
         timed("fp8 twin", fp8(c), args, asdict(c) if c else {"default": True}) for c in fp8_configs
     ]
     result.fp8_best = best(result.fp8_sweep)
+    if not shape.width:
+        result.fp8_deepgemm = deepgemm_paged(case, fp8_view, tables, args)
 
     gather_bytes = gather_peak_bytes(case.rows, case.page_table.shape[1], case.heads)
     free, _ = torch.cuda.mem_get_info()
@@ -720,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": torch.cuda.get_device_name(),
         "kernel_module": getattr(module, "__file__", "?"),
         "kernel_route": route,
-        "fp8_baseline": "verify.bench.fp8_twin (Triton twin over upstream's 132-B fp8 pages; DeepGEMM crashes here)",
+        "fp8_baseline": "verify.bench.fp8_twin (Triton twin over upstream's 132-B fp8 pages); DeepGEMM's own arm where it imports",
         "timing": (
             f"CUDA-graph replay median per call, rep {args.rep_ms} ms, keys replicated to >= 256 MiB per replay (cold L2)"
             if args.timing == "graph"

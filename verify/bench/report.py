@@ -106,23 +106,38 @@ def _fp8_floor_ms(r: dict[str, Any]) -> float:
     return r["key_bytes_fp8"] / HBM_BYTES_PER_S * 1e3
 
 
+def deepgemm_measured(art: Artifacts) -> bool:
+    """Whether the run timed DeepGEMM's own scorer anywhere (its columns appear only then)."""
+    return any(_ms(r.get("fp8_deepgemm")) for r in art.results) or any(
+        _ms(p.get("arms", {}).get("deepgemm_nonpaged")) for p in art.read.get("long_prefill", [])
+    )
+
+
 def decode_table(art: Artifacts) -> list[str]:
+    dg = deepgemm_measured(art)
+    extra_head, extra_rule = (" bf16 / DeepGEMM | DeepGEMM % of 4.8 TB/s |", " --- | --- |") if dg else ("", "")
     lines = [
-        "| decode, rows x keys | bf16 us | % of 4.8 TB/s | bf16 / fp8 twin | bf16 / fp8 floor | naive gather / bf16 |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| decode, rows x keys | bf16 us | % of 4.8 TB/s | bf16 / fp8 twin | bf16 / fp8 floor | naive gather / bf16 |"
+        + extra_head,
+        "| --- | --- | --- | --- | --- | --- |" + extra_rule,
     ]
     for rows, keys in DECODE_ROWS:
         r = _find(art.results, "decode", rows, keys)
         if r is None or not _ms(r.get("bf16_default")):
-            lines.append(f"| {rows} x {keys:,} | not measured | | | | |")
+            lines.append(f"| {rows} x {keys:,} | not measured | | | | |" + (" | |" if dg else ""))
             continue
         bf16 = _ms(r["bf16_default"])
         assert bf16 is not None
         fp8, gather = _ms(r.get("fp8_best")), _ms(r.get("gather"))
+        cells = ""
+        if dg:
+            real = _ms(r.get("fp8_deepgemm"))
+            pct = 100 * r["key_bytes_fp8"] / (real * 1e-3) / HBM_BYTES_PER_S if real else None
+            cells = (f" {_num(bf16 / real, 2) if real else 'n/a'} | {f'{pct:.0f}' if pct else 'n/a'} |")
         lines.append(
             f"| {rows} x {keys:,} | {_num(bf16 * 1e3)} | {_hbm_pct(r, bf16):.0f} | "
             f"{_num(bf16 / fp8, 2) if fp8 else 'n/a'} | {_num(bf16 / _fp8_floor_ms(r), 2)} | "
-            f"{_num(gather / bf16) if gather else 'n/a'} |"
+            f"{_num(gather / bf16) if gather else 'n/a'} |" + cells
         )
     source = (
         art.results
@@ -139,7 +154,7 @@ def decode_table(art: Artifacts) -> list[str]:
         gather_cell = _num(gather / bf16) if gather else (f"not run (needs ~{need[1]} GB)" if need else "n/a")
         lines.append(
             f"| prefill chunk {PREFILL_ROW[0]:,} x {PREFILL_ROW[1]:,} (causal) | {_num(bf16 * 1e3, 0)} | L2 reuse | "
-            f"{_num(bf16 / fp8, 2) if fp8 else 'n/a'} | | {gather_cell} |"
+            f"{_num(bf16 / fp8, 2) if fp8 else 'n/a'} | | {gather_cell} |" + (" | |" if dg else "")
         )
     return lines
 
@@ -234,23 +249,27 @@ def long_prefill_table(art: Artifacts) -> list[str]:
     long = [p for p in art.read.get("long_prefill", []) if not p.get("skipped")]
     if not long:
         return [f"Long prefill (one request of 8K-128K tokens): not measured ({RUN_COMMAND})."]
+    dg = any(_ms(p["arms"].get("deepgemm_nonpaged")) for p in long)
     lines = [
         (
             "Long prefill, one request, every row (causal), row chunks of <= 4 GiB of logits; bf16 as "
             "dispatched (the `dispatch_arm` of the run: one row at a time since grouped rows need the "
-            "kernel's length-aware split); fp8 floor: DeepGEMM's "
-            "non-paged `fp8_mqa_logits` cannot run on the GPU machine, so its arm is the physical floor "
-            "max(bytes / 4.8 TB/s, MMA work / 1,979 TFLOPS dense fp8), not a measurement:"
+            "kernel's length-aware split); fp8 floor: the physical floor of DeepGEMM's non-paged "
+            "`fp8_mqa_logits`, max(bytes / 4.8 TB/s, MMA work / 1,979 TFLOPS dense fp8), not a measurement"
+            + ("; DeepGEMM non-paged: that call timed, upstream's default here (the one gather of the "
+               "request's keys not timed):" if dg else " (DeepGEMM itself did not run in this bench):")
         ),
         "",
         (
             "| tokens | bf16 ms | bf16 one row at a time ms | fp8 twin (paged) ms | fp8 non-paged floor ms | "
             "bf16 / fp8 twin | bf16 / fp8 floor | bf16 floor ms |"
+            + (" DeepGEMM non-paged ms | bf16 / DeepGEMM non-paged |" if dg else "")
         ),
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if dg else ""),
     ]
     for p in long:
         arms = p["arms"]
+        real = _ms(arms.get("deepgemm_nonpaged"))
         bf16 = _ms(arms.get(p["dispatch_arm"]))
         one, twin = _ms(arms.get("bf16")), _ms(arms.get("fp8_twin"))
         floor, bf16_floor = p["floors"].get("fp8_nonpaged_ms"), p["floors"].get("bf16_ms")
@@ -263,6 +282,8 @@ def long_prefill_table(art: Artifacts) -> list[str]:
             _num(bf16 / floor, 2) if bf16 and floor else "n/a",
             _num(bf16_floor, 2) if bf16_floor else "n/a",
         ]
+        if dg:
+            cells += [_num(real, 2) if real else "n/a", _num(bf16 / real, 2) if bf16 and real else "n/a"]
         lines.append(f"| {p['tokens']:,} | " + " | ".join(cells) + " |")
     return lines
 
@@ -382,8 +403,10 @@ def render_body(art: Artifacts) -> str:
     body = [
         f"- **Speed** ({meta.get('gpu', 'GPU')}, Triton {meta.get('triton', '?')}; CUDA-graph replays over "
         "cold-L2 copies of the keys; the kernel's default launch config; fp8 twin: a Triton fp8 kernel over "
-        "upstream's 132-B pages standing in for DeepGEMM, which cannot run on the GPU machine; fp8 floor: "
-        "fp8's key bytes at 4.8 TB/s; from "
+        "upstream's 132-B pages standing in for DeepGEMM"
+        + ("; DeepGEMM: its own fp8 scorers, checked against the twin before timing" if deepgemm_measured(art)
+           else ", which did not run in this bench")
+        + "; fp8 floor: fp8's key bytes at 4.8 TB/s; from "
         + ", ".join(f"`{s}`" for s in art.sources)
         + " in [`verify/results/h200/bench/`](verify/results/h200/README.md)):",
         "",
