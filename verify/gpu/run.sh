@@ -249,8 +249,28 @@ stage_bench() {
   return $rc
 }
 
+# The device tool's copy of the repository empties sglang-upstream/ (a nested repository) on
+# every call, so the applied tree is kept in /tmp while the machine is held and put back at the
+# start of a later call that does not run setup, if the series it was applied from is unchanged.
+KEPT=/tmp/bf16k-applied-tree
+series_id() { find series -type f -print0 | sort -z | xargs -0 cat | sha256sum | cut -c1-16; }
+keep_tree() {
+  [ -d sglang-upstream/python/sglang ] || return 0
+  rm -rf "$KEPT" && cp -a sglang-upstream "$KEPT" && series_id > "$KEPT.series"
+}
+restore_tree() {
+  [ -d sglang-upstream/python/sglang ] && return 0
+  [ -d "$KEPT/python/sglang" ] || return 0
+  if [ "$(cat "$KEPT.series" 2>/dev/null)" != "$(series_id)" ]; then
+    echo "note: the applied tree kept in $KEPT is of another series; run setup again" >&2
+    return 0
+  fi
+  rm -rf sglang-upstream && cp -a "$KEPT" sglang-upstream && echo "note: applied tree restored from $KEPT" >&2
+}
+
 stages=("$@")
 [ "${stages[*]:-}" = "all" ] && stages=(install setup tests tier1 tier2 forward diagnose bench ncu)
+[[ " ${stages[*]} " == *" setup "* ]] || restore_tree
 for s in "${stages[@]}"; do
   start=$(date +%s)
   echo "=== stage $s" | tee -a "$LOGS/stages.log"
@@ -267,6 +287,7 @@ for s in "${stages[@]}"; do
   [ -n "${OUT:-}" ] && tar -czf "$OUT/gpu-results.tgz" -C "$ROOT/build" gpu 2>/dev/null
   [ "$rc" -ne 0 ] && status=1
   { [ "$s" = setup ] || [ "$s" = install ]; } && [ "$rc" -ne 0 ] && break
+  [ "$s" = setup ] && keep_tree
 done
 if [ -n "${OUT:-}" ]; then
   tar -czf "$OUT/gpu-results.tgz" -C "$ROOT/build" gpu
