@@ -24,7 +24,15 @@ from typing import Any
 
 import torch
 
-from verify.parity.read_reference import DIM, FP8_SLOT_BYTES, PAGE, ReadCase, pages_for, unpack_fp8_pages
+from verify.parity.read_reference import (
+    DIM,
+    FP8_SLOT_BYTES,
+    PAGE,
+    ReadCase,
+    calc_diff,
+    pages_for,
+    unpack_fp8_pages,
+)
 
 # DeepGEMM's own tests accept calc_diff < 1e-3 against their reference for fp8 logits.
 AGREEMENT = 1e-3
@@ -49,23 +57,15 @@ def load() -> tuple[Any | None, str]:
     return deep_gemm, f"deep_gemm {getattr(deep_gemm, '__version__', '?')} from {deep_gemm.__file__}"
 
 
-def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    """DeepGEMM's test metric: 1 - cosine similarity of the two (fp64)."""
-    x, y = x.double(), y.double()
-    if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
-        return float("inf")  # NaN or inf where a row reads its keys: never agreement
-    denominator = (x * x + y * y).sum()
-    return float(1 - 2 * (x * y).sum() / denominator) if denominator > 0 else 0.0
-
-
 def _valid(logits: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    width = logits.shape[1]
-    keep = torch.arange(width, device=logits.device)[None, :] < lengths.reshape(-1, 1).to(logits.device)
-    return logits[:, :width].float()[keep]
+    keep = torch.arange(logits.shape[1], device=logits.device)[None, :] < lengths.reshape(-1, 1).to(logits.device)
+    return logits.float()[keep]
 
 
 def _check(name: str, got: torch.Tensor, want: torch.Tensor, lengths: torch.Tensor) -> float:
-    diff = calc_diff(_valid(got, lengths), _valid(want[:, : got.shape[1]], lengths))
+    x, y = _valid(got, lengths), _valid(want[:, : got.shape[1]], lengths)
+    # NaN or inf where a row reads its keys is never agreement (DeepGEMM's metric would give NaN)
+    diff = calc_diff(x, y) if bool(torch.isfinite(x).all() and torch.isfinite(y).all()) else float("inf")
     if not diff < AGREEMENT:
         raise Disagrees(f"{name}: calc_diff {diff:.2e} against the Triton twin on the same fp8 pages")
     return diff

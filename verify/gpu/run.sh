@@ -100,8 +100,9 @@ deep_gemm_is_real() {
 
 stage_tests() {   # the series' own upstream-style tests, GPU-marked ones included
   with_tree || return 1
-  local tests=sglang-upstream/python/sglang/test/dsv4_bf16_index_k
-  if ! deep_gemm_is_real; then
+  local tests=sglang-upstream/python/sglang/test/dsv4_bf16_index_k real=0
+  deep_gemm_is_real && real=1  # asked once: each ask imports torch
+  if [ "$real" = 0 ]; then
     # Upstream imports DeepGEMM whenever CUDA is present (dsa_backend), so the tests that import
     # the indexer need it importable; test_stubs/ holds a stub whose every name raises if called.
     export PYTHONPATH=$PYTHONPATH:$ROOT/verify/gpu/import_stubs:$ROOT/verify/gpu/test_stubs
@@ -113,7 +114,7 @@ stage_tests() {   # the series' own upstream-style tests, GPU-marked ones includ
     "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$RES/tests-junit.xml" "${files[@]}"
     return $?
   fi
-  if deep_gemm_is_real; then  # USE_DEEPGEMM=1: the dispatch tests' fp8 branches call the real one
+  if [ "$real" = 1 ]; then  # USE_DEEPGEMM=1: the dispatch tests' fp8 branches call the real one
     "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$RES/tests-junit.xml" $tests
     return $?
   fi
