@@ -132,6 +132,8 @@ def test_speed_report_renders_a_new_run(tmp_path: Path) -> None:
     ]
     bench.write_outputs(tmp_path, {"gpu": "NVIDIA H200", "triton": "3.6.0"}, results, mtp, long)
     text = report.render(report.load(tmp_path))
+    assert "best swept grouped us" not in text and "DeepGEMM fp8, one at a time" not in text
+    assert "the best swept config per shape" not in text  # no decode sweep in this run
     assert "| 8 x 32,768 | 15.9 | 88 | 1.06 |" in text
     assert "| 8 x 2,048 in 131,072 | 6.0 | 5.5 | 1.09 | 9.0 |" in text
     assert "| 64 x 32,768, 2 | 140.0 | 150.0 | 1.07 | 280.0 | 190.0 |" in text
@@ -152,3 +154,37 @@ def test_speed_report_renders_a_new_run(tmp_path: Path) -> None:
     assert report.main(["--results", str(tmp_path), "--readme", str(readme), "--write"]) == 0
     assert report.main(["--results", str(tmp_path), "--readme", str(readme)]) == 0
     assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("outro\n")
+
+
+def test_speed_report_shows_the_grouped_sweep_and_the_anchor(tmp_path: Path) -> None:
+    """An MTP run with the grouped-config sweep and DeepGEMM's arm, and a decode sweep: the
+    table gains the best swept config and the anchor, the targets say what the sweep found."""
+    from verify.bench import read as bench
+    from verify.bench import report
+    from verify.bench.read_scenarios import MtpResult
+
+    default = {"block_n": 64, "num_warps": 4, "num_stages": 4, "swap_ab": True, "max_split_n": 2048}
+    better = {**default, "num_warps": 8, "block_n": 128}
+    grouped = {"ms": 0.17, "config": default}
+    swept = [{"ms": 0.16, "config": better}, {"ms": None, "error": "disagrees with the default", "config": default}]
+    mtp = [
+        MtpResult(64, 32768, 2, 64 * 32768 * 256, one_row={"ms": 0.14}, grouped=grouped, ungrouped={"ms": 0.28},
+                  fp8={"ms": 0.19}, deepgemm={"ms": 0.1}, grouped_sweep=swept, grouped_best=swept[0]),
+        MtpResult(8, 8192, 2, 8 * 8192 * 256, one_row={"ms": 0.01}, grouped={"ms": 0.011, "config": default},
+                  ungrouped={"ms": 0.012}, fp8={"ms": 0.012}, deepgemm={"ms": None, "error": "Disagrees"},
+                  grouped_sweep=[{"ms": 0.02, "config": better}], grouped_best={"ms": 0.011, "config": default}),
+    ]
+    decode = bench.ShapeResult(
+        shape={"mode": "decode", "rows": 8, "keys": 32768, "width": 0},
+        key_bytes_bf16=8 * 32768 * 256, key_bytes_fp8=8 * 32768 * 132, unique_key_bytes_bf16=8 * 32768 * 256,
+        bf16_default=bench.Timing("d", ms=0.0233), bf16_best=bench.Timing("b", ms=0.0155),
+        sweep=[bench.Timing("b", ms=0.0155)], fp8_best=bench.Timing("f", ms=0.015),
+        peak_extra_bytes={"bf16": 0, "logits": 0},
+    )
+    bench.write_outputs(tmp_path, {"gpu": "NVIDIA H200", "triton": "3.6.0"}, [decode], mtp)
+    text = report.render(report.load(tmp_path))
+    assert "| 64 x 32,768, 2 | 140.0 | 170.0 | 1.21 | 160.0 | 1.14 | 128/w8/s4/swap/cap 2048 | 280.0 | 190.0 | 100.0 | 1.70 |" in text
+    assert "| 8 x 8,192, 2 | 10.0 | 11.0 | 1.10 | 11.0 | 1.10 | 64/w4/s4/swap/cap 2048 (default) | 12.0 | 12.0 | n/a | n/a |" in text
+    flat = " ".join(text.split())  # the target lines wrap
+    assert "one row per request: 1/2 (max 1.21x); with the best swept grouped config per shape 2/2 (max 1.14x)" in flat
+    assert "0/1 shapes (default config, 60-60%; the best swept config per shape: 1/1, 90-90%" in flat

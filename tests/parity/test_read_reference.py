@@ -370,11 +370,20 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
 
     # Upstream's TileLang scorer only compiles for a GPU; here it is absent.
     monkeypatch.setattr(sc, "_tilelang_reader", lambda: (None, "not run: no GPU (test)"))
-    args = SimpleNamespace(heads=32, seed=0)
-    mtp = sc.run_mtp(2, 130, 2, module, args, run_once, device="cpu")
+    args = SimpleNamespace(heads=32, seed=0, sweep="none")
+    anchored: list[int] = []
+
+    def anchor(case, view, tables):  # type: ignore[no-untyped-def]
+        anchored.append(case.rows)
+        return bench.Timing("DeepGEMM fp8_paged_mqa_logits", error="not run: no DeepGEMM (test)")
+
+    mtp = sc.run_mtp(2, 130, 2, module, args, run_once, device="cpu", deepgemm=anchor)
     assert mtp.skipped is None and mtp.grouped and mtp.one_row and mtp.fp8
     assert mtp.replicas > 1  # a few KB of keys: copies rotate past L2
     assert set(mtp.derived()) >= {"ratio_grouped_over_one_row", "ratio_ungrouped_over_one_row"}
+    # the anchor is asked about the verify rows (2 per request); its reason is kept
+    assert anchored == [4] and mtp.deepgemm and "not run" in mtp.deepgemm["error"]
+    assert mtp.grouped_sweep == [] and mtp.grouped_best == mtp.grouped
     # 128 tokens, 32 keys (a 128-key-wide output); chunks of 48 rows.
     long = sc.run_long_prefill(128, module, args, run_once, device="cpu", chunk_bytes=48 * 128 * 4)
     # the dispatch scores a prefill's rows one at a time (grouped rows need the length-aware split)
@@ -387,3 +396,82 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
     assert (tmp_path / "bench_mtp.csv").read_text().count("\n") == 2
     assert "ratio_grouped_over_one_row" in (tmp_path / "bench_mtp.csv").read_text()
     assert (tmp_path / "bench_long_prefill.csv").read_text().count("\n") == 2
+
+
+def test_disagreement_catches_one_wrong_key_and_ignores_the_tail() -> None:
+    from verify.bench.read_scenarios import _disagreement
+
+    want = torch.randn(2, 8, dtype=torch.float64).float()
+    lengths = torch.tensor([8, 5])
+    got = want.clone()
+    got[1, 5:] = float("nan")  # past row 1's length: never read
+    assert _disagreement(got, want, lengths) is None
+    got[0, 3] += 0.1 * float(want.abs().max())  # one key of one row off by a tenth of a logit
+    assert "max error" in (_disagreement(got, want, lengths) or "")
+    got = want.clone()
+    got[1, 4] = float("-inf")
+    assert "non-finite" in (_disagreement(got, want, lengths) or "")
+
+
+def test_grouped_sweep_configs_are_length_aware_and_fit() -> None:
+    from verify.bench.read_scenarios import SMEM_LIMIT, grouped_sweep_configs
+
+    module = _upstream("kernel")
+    default = module.CONFIGS["decode"]
+    assert grouped_sweep_configs(module, 2, 64, "none") == []
+    for next_n in (2, 3, 4):
+        for level in ("small", "full"):
+            configs = grouped_sweep_configs(module, next_n, 64, level)
+            assert configs and default not in configs and len(set(configs)) == len(configs)
+            columns = 1 << (next_n - 1).bit_length()
+            for c in configs:
+                assert c.length_aware and c.split_n == 0 and c.max_split_n == default.max_split_n
+                assert c.num_stages * c.block_n * 256 + columns * 64 * 128 * 2 <= SMEM_LIMIT
+    # four rows of 64 heads: a 64 KB query tile leaves no room for 128-key tiles 5 deep
+    assert not any(c.block_n == 128 and c.num_stages >= 5 for c in grouped_sweep_configs(module, 4, 64, "full"))
+    assert any(c.block_n == 128 and c.num_stages == 5 for c in grouped_sweep_configs(module, 2, 64, "full"))
+
+
+@requires_interpreter
+def test_mtp_grouped_sweep_checks_then_times_each_config(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The grouped sweep through the real kernel (interpreted): every config's logits are
+    compared with the default's before it is timed, the split caps of the fastest follow, and
+    a config whose logits are wrong is reported, not timed."""
+    from types import SimpleNamespace
+
+    from verify.bench import read as bench
+    from verify.bench import read_scenarios as sc
+
+    module = _upstream("kernel")
+    if not getattr(module, "_INTERPRETED", False):
+        pytest.skip("kernel module was imported before TRITON_INTERPRET=1 was set")
+    monkeypatch.setattr(sc, "GROUPED_SWEEP_SMALL", [(32, 4, 3, True), (64, 4, 3, False)])
+    monkeypatch.setattr(sc, "GROUPED_SPLIT_CAPS", [1024])
+    speed = {32: 0.002, 64: 0.003}
+
+    def run_once(label: str, calls, args, config=None):  # type: ignore[no-untyped-def]
+        calls[0]()
+        ms = speed.get((config or {}).get("block_n"), 0.004) if "group_rows" in label else 0.001
+        return bench.Timing(label, ms=ms, config=config or {})
+
+    args = SimpleNamespace(heads=32, seed=0, sweep="small")
+    mtp = sc.run_mtp(2, 130, 2, module, args, run_once, device="cpu")
+    assert [t["config"]["block_n"] for t in mtp.grouped_sweep] == [32, 64, 32]
+    assert all(t["ms"] and t["config"]["length_aware"] for t in mtp.grouped_sweep)
+    assert mtp.grouped_sweep[-1]["config"]["max_split_n"] == 1024  # the fastest's cap variant
+    assert mtp.grouped_best is not None and mtp.grouped_best["config"]["block_n"] == 32
+    assert mtp.derived()["ratio_best_grouped_over_one_row"] == pytest.approx(2.0)
+
+    real = module.bf16_paged_mqa_logits_with_config
+
+    def wrong_for_small_tiles(*a, **kw):  # type: ignore[no-untyped-def]
+        out = real(*a, **kw)
+        if a[6] is not None and a[6].block_n == 32:
+            out[0, 0] += 1.0 + out[0, :10].abs().max()
+        return out
+
+    monkeypatch.setattr(module, "bf16_paged_mqa_logits_with_config", wrong_for_small_tiles)
+    mtp = sc.run_mtp(2, 130, 2, module, args, run_once, device="cpu")
+    small = [t for t in mtp.grouped_sweep if t["config"]["block_n"] == 32]
+    assert small and all(t["ms"] is None and "disagrees with the default" in t["error"] for t in small)
+    assert mtp.grouped_best is not None and mtp.grouped_best["config"]["block_n"] == 64

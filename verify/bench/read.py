@@ -794,7 +794,10 @@ def main(argv: list[str] | None = None) -> int:
     for requests, keys, next_n in MTP_SHAPES[args.profile] if mtp is not None else []:
         t0 = time.time()
         try:
-            m = run_mtp(requests, keys, next_n, module, args, timed)
+            m = run_mtp(
+                requests, keys, next_n, module, args, timed,
+                deepgemm=lambda case, view, tables: deepgemm_paged(case, view, tables, args),
+            )
         except torch.cuda.OutOfMemoryError as error:
             m = MtpResult(requests, keys, next_n, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}")
             torch.cuda.empty_cache()

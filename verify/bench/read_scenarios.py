@@ -10,7 +10,12 @@ and causal lengths. Timed per shape (``requests x keys``), as the indexer calls 
   runs): each key tile is read once per request;
 - ``ungrouped``: the same rows one at a time (each row re-reads its request's keys);
 - ``fp8``: the fp8 twin over the same rows, one at a time (upstream's indexer flattens the rows
-  the same way and hands DeepGEMM ``next_n = 1``).
+  the same way and hands DeepGEMM ``next_n = 1``); ``deepgemm``: DeepGEMM's own
+  ``fp8_paged_mqa_logits`` on those rows where a working DeepGEMM imports (else why not);
+- ``grouped_sweep`` (unless ``--sweep none``): the grouped mode under other launch configs
+  (``grouped_sweep_configs``), each checked against the default's logits before it is timed;
+  ``grouped_best`` is the fastest, the default included. A measurement of what a config change
+  could buy, not what the dispatch runs.
 
 Target (DESIGN.md): ``grouped <= 1.15 x one_row``.
 
@@ -82,14 +87,22 @@ class MtpResult:
     grouped: dict[str, Any] | None = None
     ungrouped: dict[str, Any] | None = None
     fp8: dict[str, Any] | None = None
+    deepgemm: dict[str, Any] | None = None  # DeepGEMM's paged fp8 scorer, rows one at a time
+    grouped_sweep: list[dict[str, Any]] = field(default_factory=list)
+    grouped_best: dict[str, Any] | None = None  # fastest grouped timing, the default included
     replicas: int = 1
     skipped: str | None = None
 
     def derived(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        ms = {k: (getattr(self, k) or {}).get("ms") for k in ("one_row", "grouped", "ungrouped", "fp8")}
+        arms = ("one_row", "grouped", "ungrouped", "fp8", "deepgemm", "grouped_best")
+        ms = {k: (getattr(self, k) or {}).get("ms") for k in arms}
         if ms["one_row"] and ms["grouped"]:
             out["ratio_grouped_over_one_row"] = ms["grouped"] / ms["one_row"]
+        if ms["one_row"] and ms["grouped_best"]:
+            out["ratio_best_grouped_over_one_row"] = ms["grouped_best"] / ms["one_row"]
+        if ms["grouped"] and ms["deepgemm"]:
+            out["ratio_grouped_over_deepgemm"] = ms["grouped"] / ms["deepgemm"]
         if ms["one_row"] and ms["ungrouped"]:
             out["ratio_ungrouped_over_one_row"] = ms["ungrouped"] / ms["one_row"]
         if ms["grouped"] and ms["fp8"]:
@@ -179,6 +192,59 @@ def _timing(label: str, fn: Callable[[], Any], *args: Any, **kw: Any) -> dict[st
     return asdict(fn(label, *args, **kw))
 
 
+# Grouped-mode launch configs the MTP sweep tries besides the default: (block_n, num_warps,
+# num_stages, swap_ab). A group's query columns (rows x heads) widen the score tile, so smaller key
+# tiles and more warps per tile are candidates the one-row sweep never needed.
+GROUPED_SWEEP_SMALL = [
+    (32, 4, 4, True), (32, 4, 6, True), (64, 4, 3, True), (64, 4, 5, True), (64, 8, 4, True),
+    (64, 4, 4, False), (128, 4, 3, True), (128, 8, 3, True), (128, 8, 4, True),
+]
+GROUPED_SPLIT_CAPS = [1024, 4096]  # max_split_n variants of the fastest block config
+SMEM_LIMIT = 220 * 1024  # an H100/H200 program's shared memory, with headroom
+
+
+def grouped_sweep_configs(module: Any, next_n: int, heads: int, level: str) -> list[Any]:
+    """Length-aware configs (the only ones grouped rows run under) for ``level`` (none, small,
+    full), the default left out and shared-memory misfits dropped: ``stages`` key tiles of
+    ``block_n`` x 256 B plus the group's query tile."""
+    if level == "none":
+        return []
+    default = module.CONFIGS["decode"]
+    cls = type(default)
+    columns = 1 << max(next_n - 1, 0).bit_length()  # next_n rounded up to a power of two
+    q_bytes = columns * heads * DIM * 2
+    if level == "full":
+        points = [
+            (bn, nw, ns, swap)
+            for bn in (32, 64, 128)
+            for nw in (4, 8)
+            for ns in (2, 3, 4, 5, 6)
+            for swap in (True, False)
+        ]
+    else:
+        points = GROUPED_SWEEP_SMALL
+    out = []
+    for bn, nw, ns, swap in points:
+        if ns * bn * BF16_SLOT_BYTES + q_bytes > SMEM_LIMIT:
+            continue
+        cfg = replace(default, block_n=bn, num_warps=nw, num_stages=ns, swap_ab=swap)
+        if cfg != default:
+            out.append(cls(**asdict(cfg)))
+    return out
+
+
+def _disagreement(got: torch.Tensor, want: torch.Tensor, lengths: torch.Tensor) -> str | None:
+    """None when ``got`` matches ``want`` where each row reads keys (finite, within 1e-3 of the
+    largest logit; one wrong key is off by about a logit, so this catches it), else why not."""
+    keep = torch.arange(got.shape[1], device=got.device)[None, :] < lengths.reshape(-1, 1)
+    x, y = got[keep].double(), want[keep].double()
+    if not bool(torch.isfinite(x).all()):
+        return "non-finite logits where the row reads keys"
+    err = float((x - y).abs().max()) if x.numel() else 0.0
+    scale = float(y.abs().max()) if y.numel() else 0.0
+    return None if err <= 1e-3 * max(scale, 1e-30) else f"max error {err:.3g} (largest logit {scale:.3g})"
+
+
 def run_mtp(
     requests: int,
     keys: int,
@@ -187,9 +253,11 @@ def run_mtp(
     args: Any,
     timed: Callable[..., Any],
     device: str = "cuda",
+    deepgemm: Callable[[ReadCase, torch.Tensor, list[torch.Tensor]], Any] | None = None,
 ) -> MtpResult:
     """``timed(label, calls, args, config=None)`` times one arm (the read bench's ``timed``;
-    a CPU smoke test passes one that runs each call once)."""
+    a CPU smoke test passes one that runs each call once). ``deepgemm(case, fp8_view, tables)``
+    times DeepGEMM's paged scorer over those rows (the read bench's ``deepgemm_paged``)."""
     from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
 
     result = MtpResult(requests, keys, next_n, requests * keys * BF16_SLOT_BYTES)
@@ -210,28 +278,32 @@ def run_mtp(
     bf16_view = bf16_pool.view(-1, PAGE, 1, DIM)
     fp8_view = fp8_big.view(-1, PAGE, 1, FP8_SLOT_BYTES)
 
-    def calls(case: ReadCase, **kw: Any) -> list[Callable[[], torch.Tensor]]:
+    def calls(case: ReadCase, config: Any = None, **kw: Any) -> list[Callable[[], torch.Tensor]]:
+        # clean_logits=False, as the indexer calls it
         return [
             partial(
-                module.bf16_paged_mqa_logits,
+                module.bf16_paged_mqa_logits_with_config,
                 case.q,
                 bf16_view,
                 case.weights,
                 case.seq_lens,
                 case.page_table + r * pages,
-                None,
                 case.max_seq_len,
-                False,
+                config,
+                fill_tail=False,
                 **kw,
             )
             for r in range(copies)
         ]
 
     result.one_row = _timing("bf16, 1 row/request", timed, calls(base), args)
-    result.grouped = _timing(
-        f"bf16, {next_n} rows/request, group_rows={next_n}", timed, calls(verify, group_rows=next_n), args
-    )
+    grouped_label = f"bf16, {next_n} rows/request, group_rows={next_n}"
+    default = module.select_config(requests, verify.max_seq_len, verify.heads, next_n)
+    result.grouped = _timing(grouped_label, timed, calls(verify, group_rows=next_n), args, asdict(default))
     result.ungrouped = _timing(f"bf16, {next_n} rows/request, one at a time", timed, calls(verify), args)
+    result.grouped_sweep = _grouped_sweep(module, verify, next_n, args, timed, calls, grouped_label)
+    done = [t for t in [result.grouped, *result.grouped_sweep] if t and t.get("ms")]
+    result.grouped_best = min(done, key=lambda t: t["ms"]) if done else None
     fp8_calls = [
         partial(
             fp8_paged_mqa_logits_twin,
@@ -246,7 +318,49 @@ def run_mtp(
         for r in range(copies)
     ]
     result.fp8 = _timing(f"fp8 twin, {next_n} rows/request", timed, fp8_calls, args)
+    if deepgemm is not None:
+        tables = [verify.page_table + r * pages for r in range(copies)]
+        result.deepgemm = asdict(deepgemm(verify, fp8_view, tables))
     return result
+
+
+def _grouped_sweep(
+    module: Any,
+    verify: ReadCase,
+    next_n: int,
+    args: Any,
+    timed: Callable[..., Any],
+    calls: Callable[..., list[Callable[[], torch.Tensor]]],
+    label: str,
+) -> list[dict[str, Any]]:
+    """The grouped mode under each of ``grouped_sweep_configs``, then the split caps of the
+    fastest; a config whose logits disagree with the default's (or that fails to build) is
+    reported with its error and not timed."""
+    configs = grouped_sweep_configs(module, next_n, verify.heads, getattr(args, "sweep", "none"))
+    if not configs:
+        return []
+    want = calls(verify, group_rows=next_n)[0]()
+
+    def one(cfg: Any) -> dict[str, Any]:
+        try:
+            got = calls(verify, cfg, group_rows=next_n)
+            why = _disagreement(got[0](), want, verify.seq_lens)
+        except Exception as error:  # noqa: BLE001 - a config that does not build is its result
+            return {"label": label, "ms": None, "error": f"{type(error).__name__}: {error}"[:200],
+                    "config": asdict(cfg), "note": None}
+        if why:
+            return {"label": label, "ms": None, "error": f"disagrees with the default: {why}",
+                    "config": asdict(cfg), "note": None}
+        return _timing(label, timed, got, args, asdict(cfg))
+
+    sweep = [one(c) for c in configs]
+    timed_ok = [t for t in sweep if t.get("ms")]
+    if timed_ok:
+        top = min(timed_ok, key=lambda t: t["ms"])["config"]
+        cls = type(configs[0])
+        sweep += [one(cls(**{**top, "max_split_n": cap})) for cap in GROUPED_SPLIT_CAPS
+                  if cap != top["max_split_n"]]
+    return sweep
 
 
 def _chunked(
