@@ -131,11 +131,15 @@ def _component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forwa
                           "fail" if any(c.status == "fail" for c in ran) else "pass" if ran else "not run",
                           "; ".join(f"{c.status}: {c.kernel}: {c.detail}" for c in others)))
     if profile != local:
-        lines.append(Line(f"{profile} hardware itself", "unsettled", unsettled(profile)))
+        lines.append(Line(f"{profile} hardware itself", "unsettled", unsettled(profile, paths.get("score_fp8", ""))))
     return lines
 
 
-def unsettled(profile: str) -> str:
+def unsettled(profile: str, fp8_scorer: str = "") -> str:
+    """What only ``profile``'s own hardware can settle; ``fp8_scorer`` (what scored fp8 in these
+    checks) says whether DeepGEMM itself or a Triton twin stood in for DeepGEMM's kernel."""
+    stood_in = ("DeepGEMM's sm_90 build ran here in its place" if fp8_scorer.startswith("deep_gemm.")
+                else "a Triton twin stood in here")
     cmd = ("python -m verify.forward --platform auto --out OUT/forward && "
            "python -m verify.recall.diagnose --backend gpu --platform auto --forward OUT/forward --out OUT/diagnose")
     what = {
@@ -143,9 +147,9 @@ def unsettled(profile: str) -> str:
                   "(same source as sm_90's, checked here; their SASS was never executed), TileLang's sm_120 cubin "
                   "(its CUDA source is byte-identical to the sm_90 mma.sync variant that ran here), FlashMLA's sm120 "
                   "kernel after the top-k, SGLANG_OPT_SM120_DIRECT_SWA_KV, and the deployment's PD transport"),
-        "sm100": "DeepGEMM's sm_100 fp8_paged_mqa_logits (a Triton twin stood in here) and top-k v2's Blackwell branch",
+        "sm100": f"DeepGEMM's sm_100 fp8_paged_mqa_logits ({stood_in}) and top-k v2's Blackwell branch",
         "hip": "aiter's fp8 paged MQA logits, the HIP top-k and fnuz fp8 (nothing of the HIP path ran here)",
-        "sm90": "DeepGEMM's sm_90 fp8_paged_mqa_logits (a Triton twin stood in here)",
+        "sm90": f"DeepGEMM's sm_90 fp8_paged_mqa_logits ({stood_in})",
     }[profile]
     return f"only {P.HARDWARE[profile]} can settle: {what}. On such a machine with the patched tree: {cmd}"
 
