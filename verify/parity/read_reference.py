@@ -23,6 +23,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+# DeepGEMM's similarity metric, one definition for both tiers (re-exported for the parity and bench code)
+from verify.recall.scoring import calc_diff  # noqa: F401 - re-exported
+
 PAGE = 64
 DIM = 128
 BF16_SLOT_BYTES = DIM * 2
@@ -31,15 +34,6 @@ FP8_SLOT_BYTES = DIM + 4
 FP8_PAGE_BYTES = PAGE * FP8_SLOT_BYTES
 FP8_MAX = 448.0
 FP8_SCALE_FLOOR = 1e-4  # fused_norm_rope_v2.cuh: scale = fmaxf(1e-4f, abs_max) / 448
-
-
-def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    """``1 - 2 sum(xy) / sum(x^2 + y^2)`` in fp64; 0 for two empty or all-zero inputs."""
-    x, y = x.double(), y.double()
-    denominator = (x * x + y * y).sum()
-    if float(denominator) == 0.0:
-        return 0.0
-    return float(1.0 - 2.0 * (x * y).sum() / denominator)
 
 
 @dataclass
