@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -75,24 +76,35 @@ def test_what_the_cpu_readme_says_about_the_q_holds_at_every_length_the_indexer_
 
 
 def test_the_deepgemm_block_reads_what_the_committed_logs_say(tmp_path: Path) -> None:
-    """Session 6's logs: the crash, its frame and the preload's return; then the same logs with
-    the preload failing and the stage log alone, as a later run could leave them."""
+    """The committed logs: the crash, its frame and the preload's return, read from the latest
+    call that built DeepGEMM; then the same logs with the preloaded call failing, a later call
+    that reused the build (its JIT cache filled), and the stage logs alone."""
     block = figures.deepgemm(ROOT)
     assert "the metadata call: segmentation fault (exit 139)" in block
     assert "`deep_gemm::IncludeParser::get_includes` at `include_parser.hpp:18`" in block
-    assert "preloaded: returned" in block
-    assert "context_lens.dim() == 2" in block
+    assert "preloaded: returned" in block and "JIT cache afterwards: none" in block
+    assert "context_lens.dim() == 2" in block and "deepgemm `54e2261`" in block
     src = ROOT / figures.DEEPGEMM
     dst = tmp_path / figures.DEEPGEMM
     shutil.copytree(src, dst)
-    for log in dst.glob("libstdcxx-preload-*.log"):
-        log.write_text(log.read_text().replace("\nexit 0\n", "\nexit 139\n"))
+    source = re.search(r"Source `[^`]*/(stage-[^`]*)`", block).group(1)  # type: ignore[union-attr]
+    log = dst / source
+    body = log.read_text()
+    step5 = body.index("--- 5.")
+    log.write_text(body[:step5] + body[step5:].replace("\nexit 0\n", "\nexit 139\n"))
     assert "preloaded: segmentation fault (exit 139)" in figures.deepgemm(tmp_path)
-    for log in dst.glob("*.log"):
-        if not log.name.startswith("stage-"):
-            log.unlink()
+    log.write_text(body)
+    # a later call on the same machine: the build reused, the JIT cache full; not the source
+    later = dst / "stage-99999999-9999.log"
+    later.write_text("DeepGEMM build reused from an earlier call on this machine\n"
+                     + body.replace("No such file", "kernel.sm90_paged_mqa_logits_metadata"))
+    assert f"Source `{figures.DEEPGEMM}/{source}`" in figures.deepgemm(tmp_path)
+    later.unlink()
+    for other in dst.glob("*.log"):
+        if not other.name.startswith("stage-"):
+            other.unlink()
     alone = figures.deepgemm(tmp_path)
-    assert "preloaded" not in alone and "test_attention" not in alone
+    assert "test_attention" not in alone and "preloaded: returned" in alone  # step 5 of the stage log
     shutil.rmtree(dst)
     assert "Not measured yet" in figures.deepgemm(tmp_path)
 

@@ -315,9 +315,14 @@ def deepgemm(root: Path) -> str:
     stage = sorted(folder.glob("stage-*.log"))
     if not stage:
         return _missing(f"{DEEPGEMM}/stage-*.log", "verify/gpu/run.sh deepgemm (carry .whl/dg)")
-    text = stage[-1].read_text()
-    pins = dict(line.split(" ", 1) for line in text.splitlines() if re.match(r"^(deepgemm|cutlass|fmt) [0-9a-f]{40}$", line))
-    out = [f"Source `{stage[-1].relative_to(root)}` and the logs beside it; built from "
+    pin_line = re.compile(r"^(deepgemm|cutlass|fmt) [0-9a-f]{40}$", re.MULTILINE)
+    # The checks mean most on a fresh machine: the latest log of a call that built DeepGEMM (it
+    # prints the pins; a later call on the same machine finds the JIT cache its runs filled).
+    built = [p for p in stage if pin_line.search(p.read_text()) and "build reused" not in p.read_text()]
+    source = (built or stage)[-1]
+    text = source.read_text()
+    pins = dict(line.split(" ", 1) for line in text.splitlines() if pin_line.match(line))
+    out = [f"Source `{source.relative_to(root)}` and the logs beside it; built from "
            + ", ".join(f"{k} `{v[:7]}`" for k, v in pins.items()) + ":\n"]
 
     def section(n: int, body: str) -> str:
@@ -365,8 +370,19 @@ def speed(root: Path) -> str:
     return report.render_body(art)
 
 
+def mtp_sweep(root: Path) -> str:
+    from verify.bench import report
+
+    try:
+        art = report.load(root / H200 / "bench")
+    except FileNotFoundError as exc:
+        return f"_Not measured yet: {exc}._\n"
+    return "\n".join(report.mtp_sweep_table(art)) + "\n"
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "speed": speed,
+    "mtp-sweep": mtp_sweep,
     "tier2": tier2,
     "tier2-cpu": tier2_cpu,
     "forward": forward,

@@ -200,13 +200,17 @@ stage_deepgemm() {  # DeepGEMM built from the carried source (.whl/dg, verify/gp
   if [ ! -f "$src/.built" ]; then
     [ -n "$tgz" ] || { echo "no DeepGEMM source carried (.whl/dg; verify/gpu/fetch_deepgemm.sh)" >&2; return 1; }
     rm -rf "$src" && mkdir -p "$src" && tar xzf "$tgz" -C "$src" --strip-components=1 || return 1
-    cat "$src/BF16K_PINS"
+    echo "DeepGEMM built in this call"
     # setup.py's build_py copies CUTLASS's headers next to the package; build_ext --inplace does not
     cp -r "$src"/third-party/cutlass/include/{cutlass,cute} "$src/deep_gemm/include/" &&
       (cd "$src" && DG_USE_LOCAL_VERSION=0 "$PY" setup.py build_ext --inplace) > "$RES/deepgemm-build.log" 2>&1 ||
       { tail -40 "$RES/deepgemm-build.log"; return 1; }
     touch "$src/.built"
+  else
+    # its JIT cache too may hold what earlier calls' runs compiled: check 2 then says less
+    echo "DeepGEMM build reused from an earlier call on this machine"
   fi
+  cat "$src/BF16K_PINS"
   export PYTHONPATH=$src${PYTHONPATH:+:$PYTHONPATH} DG_JIT_CACHE_DIR=$DEEPGEMM_JIT
   local T='import torch,deep_gemm;cl=torch.full((4,1),300,dtype=torch.int32,device="cuda");m=deep_gemm.get_paged_mqa_logits_metadata(cl,64,deep_gemm.get_num_sms());torch.cuda.synchronize();print("metadata",m[:3].tolist())'
   echo "--- 1. the metadata call, JIT debug output unbuffered"
@@ -227,6 +231,10 @@ stage_deepgemm() {  # DeepGEMM built from the carried source (.whl/dg, verify/gp
   readelf -d "$src"/deep_gemm/_C*.so | grep -E "NEEDED|RUNPATH|RPATH"
   "$PY" -c 'import torch, deep_gemm, re; print(sorted(set(re.findall(r"/\S*libstdc\+\+\S*", open("/proc/self/maps").read()))))'
   echo "compiler: $(g++ --version | head -1) -> $(deepgemm_libstdcxx)"
+  # session 7's build log: the extension is linked by the compiler Python's sysconfig names, not
+  # by g++ on PATH; libstdc++ code defined inside it means a static copy of that compiler's
+  echo "extension built by: $(grep -m1 -oE '^\S*(g\+\+|c\+\+)' "$RES/deepgemm-build.log" 2>/dev/null) (sysconfig CXX: $("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("CXX"))'))"
+  echo "std::locale symbols defined in the extension: $(nm -DC --defined-only "$src"/deep_gemm/_C*.so 2>/dev/null | grep -c 'std::locale')"
   LD_PRELOAD=$(deepgemm_libstdcxx) timeout 120 "$PY" -c "$T"; echo "exit $?"
   if [ -n "${DEEPGEMM_TESTS:-}" ]; then  # e.g. "tests/test_attention.py": DeepGEMM's own tests
     # shellcheck disable=SC2086
