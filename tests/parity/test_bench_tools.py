@@ -134,6 +134,7 @@ def test_speed_report_renders_a_new_run(tmp_path: Path) -> None:
     text = report.render(report.load(tmp_path))
     assert "best swept grouped us" not in text and "DeepGEMM fp8, one at a time" not in text
     assert "the best swept config per shape" not in text  # no decode sweep in this run
+    assert "bf16 / DeepGEMM" not in text and "against DeepGEMM's non-paged" not in text  # not timed
     assert "| 8 x 32,768 | 15.9 | 88 | 1.06 |" in text
     assert "| 8 x 2,048 in 131,072 | 6.0 | 5.5 | 1.09 | 9.0 |" in text
     assert "| 64 x 32,768, 2 | 140.0 | 150.0 | 1.07 | 280.0 | 190.0 |" in text
@@ -179,7 +180,7 @@ def test_speed_report_shows_the_grouped_sweep_and_the_anchor(tmp_path: Path) -> 
         key_bytes_bf16=8 * 32768 * 256, key_bytes_fp8=8 * 32768 * 132, unique_key_bytes_bf16=8 * 32768 * 256,
         bf16_default=bench.Timing("d", ms=0.0233), bf16_best=bench.Timing("b", ms=0.0155),
         sweep=[bench.Timing("b", ms=0.0155)], fp8_best=bench.Timing("f", ms=0.015),
-        peak_extra_bytes={"bf16": 0, "logits": 0},
+        fp8_deepgemm=bench.Timing("dg", ms=0.014), peak_extra_bytes={"bf16": 0, "logits": 0},
     )
     bench.write_outputs(tmp_path, {"gpu": "NVIDIA H200", "triton": "3.6.0"}, [decode], mtp)
     text = report.render(report.load(tmp_path))
@@ -188,3 +189,38 @@ def test_speed_report_shows_the_grouped_sweep_and_the_anchor(tmp_path: Path) -> 
     flat = " ".join(text.split())  # the target lines wrap
     assert "one row per request: 1/2 (max 1.21x); with the best swept grouped config per shape 2/2 (max 1.14x)" in flat
     assert "0/1 shapes (default config, 60-60%; the best swept config per shape: 1/1, 90-90%" in flat
+    assert "DeepGEMM's fp8 scorer on the same shapes: 51-51% of 4.8 TB/s for its own key bytes" in flat
+    assert "bf16 / DeepGEMM <= 1.94, the key-byte ratio (decode, >= 8,192 keys, default config): 1/1 (max 1.66)" in flat
+
+
+def test_the_mtp_sweep_table_lists_every_config_per_shape(tmp_path: Path) -> None:
+    """The results README's grouped-sweep block: a row per config and group size, the shapes as
+    columns, the fastest in bold, a config whose logits disagreed as `wrong`, and the shared
+    memory each needs with the programs per SM that leaves room for."""
+    from verify import figures
+    from verify.bench import read as bench
+    from verify.bench import report
+    from verify.bench.read_scenarios import MtpResult
+
+    default = {"block_n": 64, "num_warps": 4, "num_stages": 4, "swap_ab": True, "max_split_n": 2048}
+    shallow = {**default, "num_stages": 3}
+    mtp = [
+        MtpResult(8, 32768, 2, 0, one_row={"ms": 0.02}, grouped={"ms": 0.024, "config": default},
+                  grouped_sweep=[{"ms": 0.023, "config": shallow},
+                                 {"ms": None, "error": "disagrees with the default: max error 1", "config": {**default, "block_n": 32}}],
+                  grouped_best={"ms": 0.023, "config": shallow}),
+        MtpResult(8, 32768, 4, 0, one_row={"ms": 0.02}, grouped={"ms": 0.04, "config": default},
+                  grouped_sweep=[{"ms": 0.032, "config": shallow}], grouped_best={"ms": 0.032, "config": shallow}),
+    ]
+    bench.write_outputs(tmp_path, {"gpu": "NVIDIA H200", "heads": 64}, [], mtp)
+    lines = report.mtp_sweep_table(report.load(tmp_path))
+    body = "\n".join(lines)
+    assert "| 64/w4/s4/swap/cap 2048 (default), 2 | 96 | 2 | 1.20 |  |" in body
+    assert "| 64/w4/s3/swap/cap 2048, 2 | 80 | 2 | **1.15** |  |" in body
+    assert "| 32/w4/s4/swap/cap 2048, 2 | 64 | 3 | wrong |  |" in body
+    # four rows of 64 heads: the query tile alone is 64 KB; four key stages leave room for one program
+    assert "| 64/w4/s4/swap/cap 2048 (default), 4 | 128 | 1 |  | 2.00 |" in body
+    assert "| 64/w4/s3/swap/cap 2048, 4 | 112 | 2 |  | **1.60** |" in body
+    bench.write_outputs(tmp_path, {"gpu": "x"}, [], [MtpResult(8, 32768, 2, 0, one_row={"ms": 0.02}, grouped={"ms": 0.024})])
+    assert "not measured" in report.mtp_sweep_table(report.load(tmp_path))[0]
+    assert figures.mtp_sweep(tmp_path / "nowhere").startswith("_Not measured yet")

@@ -281,6 +281,62 @@ def mtp_table(art: Artifacts) -> list[str]:
     return lines
 
 
+# An H100/H200 SM's shared memory and what the runtime reserves per resident block.
+SM_SHARED_BYTES = 228 * 1024
+BLOCK_RESERVED_BYTES = 1024
+
+
+def _grouped_smem(config: dict[str, Any], next_n: int, heads: int) -> int:
+    """Shared memory a grouped program needs, estimated: ``num_stages`` key tiles of ``block_n``
+    x 256 B plus the group's query tile (rows rounded up to a power of two x heads x 256 B)."""
+    columns = 1 << max(next_n - 1, 0).bit_length()
+    return config["num_stages"] * config["block_n"] * 256 + columns * heads * 128 * 2
+
+
+def mtp_sweep_table(art: Artifacts) -> list[str]:
+    """Every grouped config the MTP sweep timed, against one row per request, shape by shape,
+    with its shared memory estimate and the programs per SM that leaves room for."""
+    mtp = [m for m in art.read.get("mtp", []) if not m.get("skipped") and m.get("grouped_sweep")]
+    if not mtp:
+        return [f"The grouped-mode config sweep: not measured (`{RUN_COMMAND}` with `BENCH_ARGS=\"--sweep small\"`)."]
+    heads = int(art.read["meta"].get("heads", 64))
+    shapes = [f"{m['requests']} x {m['keys']:,}, {m['next_n']}" for m in mtp]
+    cells: dict[tuple[str, int], dict[str, str]] = {}
+    smem: dict[tuple[str, int], int] = {}
+    for m, shape in zip(mtp, shapes):
+        one = _ms(m.get("one_row"))
+        default = m.get("grouped") or {}
+        for t in [default, *m["grouped_sweep"]]:
+            if not t.get("config"):
+                continue
+            key = (_config_tag(t["config"]) + (" (default)" if t is default else ""), m["next_n"])
+            smem[key] = _grouped_smem(t["config"], m["next_n"], heads)
+            ms = _ms(t)
+            mark = "**" if t == m.get("grouped_best") else ""
+            cells.setdefault(key, {})[shape] = (
+                f"{mark}{_num(ms / one, 2)}{mark}" if ms and one else ("wrong" if "disagrees" in (t.get("error") or "") else "n/a")
+            )
+    lines = [
+        (
+            "Grouped MTP verify under each swept launch config: time / one row per request (bold: the "
+            "shape's fastest; `wrong`: logits disagreed with the default's, not timed); shared memory is "
+            "an estimate (key stages + the group's query tile), programs per SM what it leaves room for "
+            f"in {SM_SHARED_BYTES // 1024} KB:"
+        ),
+        "",
+        "| config (tile/warps/stages/order/cap), rows per request | shared memory KB | programs per SM | "
+        + " | ".join(shapes) + " |",
+        "|" + " --- |" * (3 + len(shapes)),
+    ]
+    for (tag, next_n), row in sorted(cells.items(), key=lambda kv: (kv[0][1], "(default)" not in kv[0][0], kv[0][0])):
+        need = smem[(tag, next_n)]
+        fits = SM_SHARED_BYTES // (need + BLOCK_RESERVED_BYTES)
+        lines.append(
+            f"| {tag}, {next_n} | {need // 1024} | {fits} | " + " | ".join(row.get(s, "") for s in shapes) + " |"
+        )
+    return lines
+
+
 def long_prefill_table(art: Artifacts) -> list[str]:
     long = [p for p in art.read.get("long_prefill", []) if not p.get("skipped")]
     if not long:
@@ -383,6 +439,13 @@ def targets(art: Artifacts) -> list[str]:
         and r.get("sweep")
         and _ms(r.get("bf16_best"))
     ]
+    anchor_pct = [
+        100 * r["key_bytes_fp8"] / (_ms(r["fp8_deepgemm"]) * 1e-3) / HBM_BYTES_PER_S  # type: ignore[operator]
+        for r in decode
+        if r["shape"]["rows"] >= TARGET_HBM_MIN_ROWS
+        and r["shape"]["keys"] >= TARGET_HBM_MIN_KEYS
+        and _ms(r.get("fp8_deepgemm"))
+    ]
     if big:
         out.append(
             f"decode from {TARGET_HBM_MIN_ROWS} x {TARGET_HBM_MIN_KEYS:,} keys up at >= {TARGET_HBM_PCT:.0f}% of "
@@ -392,6 +455,12 @@ def targets(art: Artifacts) -> list[str]:
                 f"; the best swept config per shape: {_count(swept, lambda v: v >= TARGET_HBM_PCT)}, "
                 f"{min(swept):.0f}-{max(swept):.0f}%"
                 if swept
+                else ""
+            )
+            + (
+                f"; DeepGEMM's fp8 scorer on the same shapes: {min(anchor_pct):.0f}-{max(anchor_pct):.0f}% of "
+                "4.8 TB/s for its own key bytes"
+                if anchor_pct
                 else ""
             )
             + "; the device copy ceiling measured in the same run: "
@@ -404,6 +473,12 @@ def targets(art: Artifacts) -> list[str]:
         out.append(
             f"bf16 / fp8 twin <= {TARGET_RATIO_VS_FP8:.2f} (decode, >= {TARGET_MIN_KEYS:,} keys): "
             f"{_count(ratio, lambda v: v <= TARGET_RATIO_VS_FP8)} (max {max(ratio):.2f})"
+        )
+    anchor = [_ms(r["bf16_default"]) / _ms(r["fp8_deepgemm"]) for r in long_keys if _ms(r.get("fp8_deepgemm"))]  # type: ignore[operator]
+    if anchor:
+        out.append(
+            f"bf16 / DeepGEMM <= {TARGET_RATIO_VS_FP8:.2f}, the key-byte ratio (decode, >= {TARGET_MIN_KEYS:,} keys, "
+            f"default config): {_count(anchor, lambda v: v <= TARGET_RATIO_VS_FP8)} (max {max(anchor):.2f})"
         )
     if gather:
         out.append(
@@ -478,10 +553,21 @@ def targets(art: Artifacts) -> list[str]:
     ]
     twin = [b / t for _, b, t, _ in prefill if b and t]
     floor = [b / f for _, b, _, f in prefill if b and f]
+    real = [
+        _ms(p["arms"][p["dispatch_arm"]]) / _ms(p["arms"]["deepgemm_nonpaged"])  # type: ignore[operator]
+        for p in art.read.get("long_prefill", [])
+        if not p.get("skipped") and _ms(p["arms"].get(p["dispatch_arm"])) and _ms(p["arms"].get("deepgemm_nonpaged"))
+    ]
     out.append(
         f"long prefill within {TARGET_PREFILL}x of upstream's fp8 prefill path: "
         + (
-            f"{_count(twin, lambda v: v <= TARGET_PREFILL)} against the fp8 twin (max {max(twin):.2f}x), "
+            (
+                f"{_count(real, lambda v: v <= TARGET_PREFILL)} against DeepGEMM's non-paged "
+                f"`fp8_mqa_logits` (upstream's default there; max {max(real):.2f}x), "
+                if real
+                else ""
+            )
+            + f"{_count(twin, lambda v: v <= TARGET_PREFILL)} against the fp8 twin (max {max(twin):.2f}x), "
             f"{_count(floor, lambda v: v <= TARGET_PREFILL)} against the non-paged fp8 floor (max {max(floor):.2f}x)"
             if twin and floor
             else f"not measured ({RUN_COMMAND})"
