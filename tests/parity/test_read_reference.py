@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -417,9 +418,9 @@ def test_grouped_sweep_configs_are_length_aware_and_fit() -> None:
     from verify.bench.read_scenarios import SMEM_LIMIT, grouped_sweep_configs
 
     module = _upstream("kernel")
-    default = module.CONFIGS["decode"]
     assert grouped_sweep_configs(module, 2, 64, "none") == []
     for next_n in (2, 3, 4):
+        default = module.select_config(1, 0, 64, next_n)
         for level in ("small", "full"):
             configs = grouped_sweep_configs(module, next_n, 64, level)
             assert configs and default not in configs and len(set(configs)) == len(configs)
@@ -430,6 +431,15 @@ def test_grouped_sweep_configs_are_length_aware_and_fit() -> None:
     # four rows of 64 heads: a 64 KB query tile leaves no room for 128-key tiles 5 deep
     assert not any(c.block_n == 128 and c.num_stages >= 5 for c in grouped_sweep_configs(module, 4, 64, "full"))
     assert any(c.block_n == 128 and c.num_stages == 5 for c in grouped_sweep_configs(module, 2, 64, "full"))
+
+    # a kernel module whose grouped default differs (another series): the sweep is built on it
+    from types import SimpleNamespace
+
+    shallow = replace(module.CONFIGS["decode"], num_stages=3, max_split_n=1024)
+    other = SimpleNamespace(select_config=lambda rows, n_out, heads, group_rows=1: shallow)
+    configs = grouped_sweep_configs(other, 4, 64, "small")
+    assert shallow not in configs and module.CONFIGS["decode"] not in configs
+    assert configs and all(c.max_split_n == 1024 for c in configs)
 
 
 @requires_interpreter

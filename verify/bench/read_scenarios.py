@@ -209,7 +209,8 @@ def grouped_sweep_configs(module: Any, next_n: int, heads: int, level: str) -> l
     ``block_n`` x 256 B plus the group's query tile."""
     if level == "none":
         return []
-    default = module.CONFIGS["decode"]
+    # what the dispatch runs for such a group (the kernel module's own rule, whatever it is)
+    default = module.select_config(1, 0, heads, next_n)
     cls = type(default)
     columns = 1 << max(next_n - 1, 0).bit_length()  # next_n rounded up to a power of two
     q_bytes = columns * heads * DIM * 2
