@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -117,3 +118,29 @@ def test_the_gpu_tests_block_counts_a_failure_in_a_junit_file(tmp_path: Path) ->
     newest.write_text(newest.read_text().replace('failures="0"', 'failures="1"', 1))
     line = figures.gpu_tests(tmp_path).splitlines()[-1]
     assert ", 1 failed," in line and line != figures.gpu_tests(ROOT).splitlines()[-1]
+
+
+def test_what_session_7_says_about_the_deepgemm_anchor_holds_in_the_committed_bench() -> None:
+    """The results README's session-7 prose, against `bench/bench_read.json`: DeepGEMM's paged
+    scorer beats the twin's best on every decode shape of >= 8K keys, its non-paged call beats
+    every paged path at the long prefill, the grouped MTP mode is further from DeepGEMM than from
+    the twin, and at four rows per request the fastest swept config is the default less a stage."""
+    from verify.bench import report
+
+    read = json.loads((ROOT / figures.H200 / "bench/bench_read.json").read_text())
+    decode = [r for r in read["results"] if r["shape"]["mode"] == "decode" and not r["shape"].get("width")
+              and r["shape"]["keys"] >= 8192]
+    assert decode and all(r["fp8_deepgemm"]["ms"] < r["fp8_best"]["ms"] for r in decode)
+    for p in read["long_prefill"]:
+        paged = [p["arms"][a]["ms"] for a in ("bf16", "fp8_twin", "tilelang")]
+        assert all(paged) and p["arms"]["deepgemm_nonpaged"]["ms"] < min(paged)
+    for m in read["mtp"]:
+        assert m["grouped"]["ms"] / m["deepgemm"]["ms"] > m["grouped"]["ms"] / m["fp8"]["ms"]
+        smem = report._grouped_smem(m["grouped"]["config"], m["next_n"], read["meta"]["heads"])
+        fits = report.SM_SHARED_BYTES // (smem + report.BLOCK_RESERVED_BYTES)
+        assert fits == (1 if m["next_n"] == 4 else 2), m["next_n"]
+        if m["next_n"] == 4:
+            best = m["grouped_best"]["config"]
+            assert best["num_stages"] == m["grouped"]["config"]["num_stages"] - 1
+            assert {k: v for k, v in best.items() if k != "num_stages"} == {
+                k: v for k, v in m["grouped"]["config"].items() if k != "num_stages"}
