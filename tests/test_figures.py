@@ -136,7 +136,8 @@ def test_what_session_7_says_about_the_deepgemm_anchor_holds_in_the_committed_be
         assert all(paged) and p["arms"]["deepgemm_nonpaged"]["ms"] < min(paged)
     for m in read["mtp"]:
         assert m["grouped"]["ms"] / m["deepgemm"]["ms"] > m["grouped"]["ms"] / m["fp8"]["ms"]
-        smem = report._grouped_smem(m["grouped"]["config"], m["next_n"], read["meta"]["heads"])
+        config = m["grouped"]["config"]
+        smem = report.grouped_smem_bytes(config["block_n"], config["num_stages"], m["next_n"], read["meta"]["heads"])
         fits = report.SM_SHARED_BYTES // (smem + report.BLOCK_RESERVED_BYTES)
         assert fits == (1 if m["next_n"] == 4 else 2), m["next_n"]
         if m["next_n"] == 4:

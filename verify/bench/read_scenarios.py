@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from verify.bench.report import grouped_smem_bytes
 from verify.bench.timing import replicas_for, replicate_pages
 from verify.parity.read_reference import (
     BF16_SLOT_BYTES,
@@ -212,8 +213,6 @@ def grouped_sweep_configs(module: Any, next_n: int, heads: int, level: str) -> l
     # what the dispatch runs for such a group (the kernel module's own rule, whatever it is)
     default = module.select_config(1, 0, heads, next_n)
     cls = type(default)
-    columns = 1 << max(next_n - 1, 0).bit_length()  # next_n rounded up to a power of two
-    q_bytes = columns * heads * DIM * 2
     if level == "full":
         points = [
             (bn, nw, ns, swap)
@@ -226,7 +225,7 @@ def grouped_sweep_configs(module: Any, next_n: int, heads: int, level: str) -> l
         points = GROUPED_SWEEP_SMALL
     out = []
     for bn, nw, ns, swap in points:
-        if ns * bn * BF16_SLOT_BYTES + q_bytes > SMEM_LIMIT:
+        if grouped_smem_bytes(bn, ns, next_n, heads) > SMEM_LIMIT:
             continue
         cfg = replace(default, block_n=bn, num_warps=nw, num_stages=ns, swap_ab=swap)
         if cfg != default:
@@ -346,12 +345,11 @@ def _grouped_sweep(
         try:
             got = calls(verify, cfg, group_rows=next_n)
             why = _disagreement(got[0](), want, verify.seq_lens)
-        except Exception as error:  # noqa: BLE001 - a config that does not build is its result
-            return {"label": label, "ms": None, "error": f"{type(error).__name__}: {error}"[:200],
-                    "config": asdict(cfg), "note": None}
-        if why:
-            return {"label": label, "ms": None, "error": f"disagrees with the default: {why}",
-                    "config": asdict(cfg), "note": None}
+            error = why and f"disagrees with the default: {why}"
+        except Exception as exc:  # noqa: BLE001 - a config that does not build is its result
+            error = f"{type(exc).__name__}: {exc}"[:200]
+        if error:
+            return {"label": label, "ms": None, "error": error, "config": asdict(cfg), "note": None}
         return _timing(label, timed, got, args, asdict(cfg))
 
     sweep = [one(c) for c in configs]

@@ -286,11 +286,12 @@ SM_SHARED_BYTES = 228 * 1024
 BLOCK_RESERVED_BYTES = 1024
 
 
-def _grouped_smem(config: dict[str, Any], next_n: int, heads: int) -> int:
-    """Shared memory a grouped program needs, estimated: ``num_stages`` key tiles of ``block_n``
-    x 256 B plus the group's query tile (rows rounded up to a power of two x heads x 256 B)."""
+def grouped_smem_bytes(block_n: int, num_stages: int, next_n: int, heads: int) -> int:
+    """Shared memory a grouped program needs, estimated (the bench's sweep filters on it too):
+    ``num_stages`` bf16 key tiles of ``block_n`` x 256 B plus the group's query tile (rows rounded
+    up to a power of two, x heads x 128 bf16 values)."""
     columns = 1 << max(next_n - 1, 0).bit_length()
-    return config["num_stages"] * config["block_n"] * 256 + columns * heads * 128 * 2
+    return num_stages * block_n * 256 + columns * heads * 128 * 2
 
 
 def mtp_sweep_table(art: Artifacts) -> list[str]:
@@ -310,7 +311,7 @@ def mtp_sweep_table(art: Artifacts) -> list[str]:
             if not t.get("config"):
                 continue
             key = (_config_tag(t["config"]) + (" (default)" if t is default else ""), m["next_n"])
-            smem[key] = _grouped_smem(t["config"], m["next_n"], heads)
+            smem[key] = grouped_smem_bytes(t["config"]["block_n"], t["config"]["num_stages"], m["next_n"], heads)
             ms = _ms(t)
             mark = "**" if t == m.get("grouped_best") else ""
             cells.setdefault(key, {})[shape] = (
@@ -424,28 +425,13 @@ def _count(values: list[float], ok: Any) -> str:
 def targets(art: Artifacts) -> list[str]:
     out = []
     decode = [r for r in art.results if r["shape"]["mode"] == "decode" and not r["shape"].get("width")]
-    big = [
-        _hbm_pct(r, _ms(r["bf16_default"]))  # type: ignore[arg-type]
-        for r in decode
-        if r["shape"]["rows"] >= TARGET_HBM_MIN_ROWS
-        and r["shape"]["keys"] >= TARGET_HBM_MIN_KEYS
-        and _ms(r.get("bf16_default"))
+    hbm_shapes = [
+        r for r in decode if r["shape"]["rows"] >= TARGET_HBM_MIN_ROWS and r["shape"]["keys"] >= TARGET_HBM_MIN_KEYS
     ]
-    swept = [
-        _hbm_pct(r, _ms(r["bf16_best"]))  # type: ignore[arg-type]
-        for r in decode
-        if r["shape"]["rows"] >= TARGET_HBM_MIN_ROWS
-        and r["shape"]["keys"] >= TARGET_HBM_MIN_KEYS
-        and r.get("sweep")
-        and _ms(r.get("bf16_best"))
-    ]
-    anchor_pct = [
-        100 * r["key_bytes_fp8"] / (_ms(r["fp8_deepgemm"]) * 1e-3) / HBM_BYTES_PER_S  # type: ignore[operator]
-        for r in decode
-        if r["shape"]["rows"] >= TARGET_HBM_MIN_ROWS
-        and r["shape"]["keys"] >= TARGET_HBM_MIN_KEYS
-        and _ms(r.get("fp8_deepgemm"))
-    ]
+    big = [_hbm_pct(r, ms) for r in hbm_shapes if (ms := _ms(r.get("bf16_default")))]
+    swept = [_hbm_pct(r, ms) for r in hbm_shapes if r.get("sweep") and (ms := _ms(r.get("bf16_best")))]
+    # DeepGEMM's share for its own (fp8) key bytes, as the decode table's column
+    anchor_pct = [100 * _fp8_floor_ms(r) / ms for r in hbm_shapes if (ms := _ms(r.get("fp8_deepgemm")))]
     if big:
         out.append(
             f"decode from {TARGET_HBM_MIN_ROWS} x {TARGET_HBM_MIN_KEYS:,} keys up at >= {TARGET_HBM_PCT:.0f}% of "
