@@ -318,7 +318,7 @@ def deepgemm(root: Path) -> str:
     pin_line = re.compile(r"^(deepgemm|cutlass|fmt) [0-9a-f]{40}$", re.MULTILINE)
     # The checks mean most on a fresh machine: the latest log of a call that built DeepGEMM (it
     # prints the pins; a later call on the same machine finds the JIT cache its runs filled).
-    built = [p for p in stage if pin_line.search(p.read_text()) and "build reused" not in p.read_text()]
+    built = [p for p in stage if pin_line.search(t := p.read_text()) and "build reused" not in t]
     source = (built or stage)[-1]
     text = source.read_text()
     pins = dict(line.split(" ", 1) for line in text.splitlines() if pin_line.match(line))

@@ -37,6 +37,7 @@ export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export BF16K_CACHE_DIR=${BF16K_CACHE_DIR:-/tmp/bf16k-cache}
 export SGLANG_JIT_CACHE_DIR=$ROOT/build/jit-cache
 SITE=/tmp/bf16k-site
+DEEPGEMM_SRC=/tmp/bf16k-deepgemm  # the deepgemm stage's build, kept while the machine is held
 DEEPGEMM_JIT=/tmp/bf16k-deepgemm-jit
 PY=${PYTHON:-python3}
 status=0
@@ -84,13 +85,13 @@ with_tree() {
     echo "note: not installed:$missing; import-time stubs from verify/gpu/import_stubs in use" >&2
   fi
   if [ "${USE_DEEPGEMM:-0}" = 1 ]; then  # the DeepGEMM the deepgemm stage built, as the fp8 scorer
-    [ -f /tmp/bf16k-deepgemm/.built ] ||
+    [ -f "$DEEPGEMM_SRC/.built" ] ||
       { echo "USE_DEEPGEMM=1: run the deepgemm stage first on this machine (carry .whl/dg)" >&2; return 1; }
     # Preloaded: without it DeepGEMM's first JIT call segfaults in std::regex on this image.
-    export PYTHONPATH=/tmp/bf16k-deepgemm:$PYTHONPATH DG_JIT_CACHE_DIR=$DEEPGEMM_JIT
+    export PYTHONPATH=$DEEPGEMM_SRC:$PYTHONPATH DG_JIT_CACHE_DIR=$DEEPGEMM_JIT
     LD_PRELOAD=$(deepgemm_libstdcxx)${LD_PRELOAD:+:$LD_PRELOAD}
     export LD_PRELOAD
-    echo "note: DeepGEMM from /tmp/bf16k-deepgemm ($(head -1 /tmp/bf16k-deepgemm/BF16K_PINS)), LD_PRELOAD=$LD_PRELOAD" >&2
+    echo "note: DeepGEMM from $DEEPGEMM_SRC ($(head -1 "$DEEPGEMM_SRC/BF16K_PINS")), LD_PRELOAD=$LD_PRELOAD" >&2
   fi
 }
 
@@ -108,21 +109,18 @@ stage_tests() {   # the series' own upstream-style tests, GPU-marked ones includ
     export PYTHONPATH=$PYTHONPATH:$ROOT/verify/gpu/import_stubs:$ROOT/verify/gpu/test_stubs
     echo "note: deep_gemm not installed: the import-time stub in verify/gpu/test_stubs is in use" >&2
   fi
+  local args=()
   if [ -n "${TEST_FILES:-}" ]; then   # a subset, e.g. TEST_FILES="test_indexer_capture.py"
-    local files=()
-    for f in $TEST_FILES; do files+=("$tests/$f"); done
-    "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$RES/tests-junit.xml" "${files[@]}"
-    return $?
+    for f in $TEST_FILES; do args+=("$tests/$f"); done
+  elif [ "$real" = 1 ]; then  # USE_DEEPGEMM=1: the dispatch tests' fp8 branches call the real one
+    args=("$tests")
+  else
+    # With the stub, the dispatch tests' fp8 branches would call names that raise: they gate on CPU
+    # in CI (upstream's torch stand-ins there) and run here only with the real DeepGEMM.
+    echo "note: test_dispatch.py left out: it needs the real DeepGEMM here (USE_DEEPGEMM=1)" >&2
+    args=(--ignore="$tests/test_dispatch.py" "$tests")
   fi
-  if [ "$real" = 1 ]; then  # USE_DEEPGEMM=1: the dispatch tests' fp8 branches call the real one
-    "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$RES/tests-junit.xml" $tests
-    return $?
-  fi
-  # With the stub, the dispatch tests' fp8 branches would call names that raise: they gate on CPU
-  # in CI (upstream's torch stand-ins there) and run here only with the real DeepGEMM.
-  echo "note: test_dispatch.py left out: it needs the real DeepGEMM here (USE_DEEPGEMM=1)" >&2
-  "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$RES/tests-junit.xml" \
-    --ignore=$tests/test_dispatch.py $tests
+  "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$RES/tests-junit.xml" "${args[@]}"
 }
 
 stage_ncu() {     # Nsight Compute counters for the read kernels (verify/bench/ncu_probe.py)
@@ -195,7 +193,7 @@ baseline_tree() {  # an unpatched tree at the base commit (the flag-off bit-iden
 stage_deepgemm() {  # DeepGEMM built from the carried source (.whl/dg, verify/gpu/fetch_deepgemm.sh)
   # and the checks that place the crash of its paged-MQA metadata call: unbuffered JIT debug
   # output, the JIT cache's contents, a 1-D context_lens (must raise, not crash) and a backtrace.
-  local tgz src=/tmp/bf16k-deepgemm dbg
+  local tgz src=$DEEPGEMM_SRC dbg
   tgz=$(ls .whl/dg/deepgemm-*.tar.gz 2>/dev/null | head -1)
   if [ ! -f "$src/.built" ]; then
     [ -n "$tgz" ] || { echo "no DeepGEMM source carried (.whl/dg; verify/gpu/fetch_deepgemm.sh)" >&2; return 1; }
@@ -242,7 +240,8 @@ stage_deepgemm() {  # DeepGEMM built from the carried source (.whl/dg, verify/gp
   fi
 }
 
-deepgemm_libstdcxx() {  # the libstdc++ of the compiler that built DeepGEMM
+deepgemm_libstdcxx() {  # the libstdc++ of g++ on PATH, the one the process maps (DeepGEMM's
+  # extension itself is linked by the compiler Python's sysconfig names: step 5 of the stage)
   readlink -f "$(g++ -print-file-name=libstdc++.so.6)"
 }
 
@@ -287,7 +286,7 @@ for s in "${stages[@]}"; do
     install|setup|tests|tier1|tier1_read|tier2|forward|diagnose|bench|ncu|deepgemm)
       limit_var=TIMEOUT_$s
       export -f "stage_$s" with_tree deep_gemm_is_real baseline_tree deepgemm_libstdcxx
-      export ROOT RES LOGS SITE DEEPGEMM_JIT PY USE_DEEPGEMM DEEPGEMM_TESTS_TIMEOUT TIER2_ARGS TIER2_PLATFORMS TIER2_ARGS_sm90 TIER2_ARGS_sm120 TIER2_ARGS_auto BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS DEEPGEMM_TESTS
+      export ROOT RES LOGS SITE DEEPGEMM_SRC DEEPGEMM_JIT PY USE_DEEPGEMM DEEPGEMM_TESTS_TIMEOUT TIER2_ARGS TIER2_PLATFORMS TIER2_ARGS_sm90 TIER2_ARGS_sm120 TIER2_ARGS_auto BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS DEEPGEMM_TESTS
       timeout "${!limit_var:-$STAGE_TIMEOUT}" bash -c "stage_$s" > >(tee "$LOGS/$s.log") 2>&1; rc=$? ;;
     *) echo "unknown stage $s"; rc=2 ;;
   esac
