@@ -22,7 +22,7 @@
 # deepgemm builds DeepGEMM from the source bundle .whl/dg (verify/gpu/fetch_deepgemm.sh; carry it
 # in the call that runs the stage) into /tmp/bf16k-deepgemm and runs the checks on its first call
 # (DEEPGEMM_TESTS="tests/test_attention.py" adds DeepGEMM's own tests). With USE_DEEPGEMM=1 the
-# later stages put that build on the path, with the compiler's libstdc++ preloaded, so the tests,
+# later stages put that build on the path, with the system g++'s libstdc++ preloaded, so the tests,
 # tier 2 and the forward tier use the real DeepGEMM instead of the Triton twin stand-in.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
