@@ -48,6 +48,16 @@ HARDWARE = {
     "sm120": "Blackwell workstation / consumer (RTX PRO 6000 / RTX 50xx)",
     "hip": "ROCm (MI300 / MI355)",
 }
+# Shared memory per CUDA profile, in bytes: (the most one program may use, per SM), as
+# ``torch.cuda.get_device_properties`` reports them (shared_memory_per_block_optin,
+# shared_memory_per_multiprocessor) on H100 / H200 and B200, and as CUDA's programming guide lists
+# them for compute capability 12.0 (99 KB a block, 100 KB an SM). The bf16 kernel's grouped config
+# depends on them, so checks that stand in for another GPU use that GPU's numbers.
+SHARED_MEMORY: dict[str, tuple[int, int]] = {
+    "sm90": (227 * 1024, 228 * 1024),
+    "sm100": (227 * 1024, 228 * 1024),
+    "sm120": (99 * 1024, 100 * 1024),
+}
 # The upstream switches the DeepSeek-V4 hook sets per platform (read back after it ran).
 HOOK_ENVS = (
     "SGLANG_OPT_USE_TILELANG_INDEXER",

@@ -1,16 +1,20 @@
-"""Compile the read kernels for sm_90 without a GPU and report what the compiler made of them.
+"""Compile the read kernels for sm_90, sm_100 and sm_120 without a GPU and report what the compiler
+made of them.
 
 Triton compiles for a named target without a device (it carries its own ptxas), so CPU machines
 and CI can check what only a GPU run would otherwise reveal: that every launch config compiles
-under the installed Triton (the GPU machine has 3.6), that the dot became Hopper ``wgmma``, that
-the key loads are pipelined (async copies into shared memory, the main loop's ``async_wait``
-leaving tiles in flight), that shared memory fits an SM, and (Triton's bundled ``ptxas -v``)
-the registers a thread uses and whether any spill. The default set is what production launches:
-the decode config with the length-aware split (as the indexer calls it, ``clean_logits=False``;
-and with the tail fill), MTP verify groups of 2 and 4, the prefill config (one row at a time:
-grouped rows run only under the length-aware split), and the fp8 twin. Run it as::
+under the installed Triton (the GPU machine has 3.6), that the dot became the target's tensor-core
+op (Hopper ``wgmma``, datacenter Blackwell ``tcgen05.mma``, sm_120's ``mma.sync``), that the key
+loads are pipelined (async copies into shared memory, the main loop's ``async_wait`` leaving tiles
+in flight), that shared memory fits what one program may use on that GPU (sm_120: 99 KB, where
+H100 / H200 / B200 allow 227 KB), and (Triton's bundled ``ptxas -v``) the registers a thread uses
+and whether any spill. The default set is what production launches, with the configs the kernel
+module selects for that GPU's shared memory: the decode config with the length-aware split (as
+the indexer calls it, ``clean_logits=False``; and with the tail fill), MTP verify groups of 2 and
+4, the prefill config (one row at a time: grouped rows run only under the length-aware split),
+bf16 q with 32 heads, and (sm_90) the fp8 twin. Run it as::
 
-    PYTHONPATH=<repo>:<patched tree>/python python -m verify.bench.read_compile [--all]
+    PYTHONPATH=<repo>:<patched tree>/python python -m verify.bench.read_compile [--all] [--targets sm120]
 """
 
 from __future__ import annotations
@@ -19,10 +23,16 @@ import argparse
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
-SM90_SMEM_LIMIT = 227 * 1024
+from verify import platform as P
+
+COMPARISON_GROUPS_OF_4 = "MTP verify, groups of 4, at the decode config's stages (not launched)"
+
+# The profiles compiled for: Triton's target capability and the op the dot must become there.
+TARGETS: dict[str, tuple[int, str]] = {"sm90": (90, "wgmma"), "sm100": (100, "tcgen05.mma"), "sm120": (120, "mma.sync")}
 
 _BF16_SIGNATURE = {
     "q_ptr": "*fp8e4nv",
@@ -85,43 +95,70 @@ class CompileReport:
     kernel: str
     config: dict[str, Any]
     shared_bytes: int
-    wgmma: bool
+    tensor_core: bool  # the dot became the target's tensor-core op (TARGETS)
     loop_waits: list[int]  # async_wait counts inside the first scf.for that has any (the key loop)
     variant: str = ""
     async_copies: int = 0  # cp.async copies into shared memory (pipelined key loads)
     registers: int | None = None  # per thread, from ptxas -v (None: ptxas not run)
     spill_bytes: int | None = None
+    target: str = "sm90"
+    production: bool = True  # False: a comparison variant, not launched by the indexer
+
+    @property
+    def shared_limit(self) -> int:
+        return P.SHARED_MEMORY[self.target][0]
 
     @property
     def pipelined(self) -> bool:
+        """A later key tile's copy is in flight while one is scored. Two stages never are under
+        Triton 3.6-3.8: the loop waits for every copy, then issues the next after the dot."""
         return self.async_copies > 0 and bool(self.loop_waits) and self.loop_waits[0] >= 1
 
     @property
     def fits(self) -> bool:
-        return self.shared_bytes <= SM90_SMEM_LIMIT
+        return self.shared_bytes <= self.shared_limit
 
     @property
     def ok(self) -> bool:
-        return self.wgmma and self.fits and self.pipelined and not self.spill_bytes
+        """It would launch on that GPU, on its tensor cores (what a GPU-less check can settle)."""
+        return self.tensor_core and self.fits
+
+    @property
+    def notes(self) -> list[str]:
+        """What may cost speed on that GPU (only a run there can say how much)."""
+        out = []
+        if not self.pipelined:
+            out.append("no key tile in flight while one is scored")
+        if self.spill_bytes:
+            out.append(f"{self.spill_bytes} B of register spills")
+        return out
+
+    @property
+    def clean(self) -> bool:
+        return self.ok and not self.notes
 
 
-def ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
-    """(registers per thread, spill store bytes) from Triton's bundled ptxas for sm_90a;
-    (None, None) when that ptxas cannot be found or run."""
+def ptxas_usage(ptx: str, capability: int = 90) -> tuple[int | None, int | None]:
+    """(registers per thread, spill store bytes) from Triton's bundled ptxas for the target
+    (``sm_90a``; Blackwell targets through its ``ptxas-blackwell`` where bundled, as Triton
+    itself picks it); (None, None) when that ptxas cannot be found or run."""
     import subprocess
     import tempfile
     from pathlib import Path
 
     import triton
 
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = bin_dir / "ptxas"
+    if capability >= 100 and (bin_dir / "ptxas-blackwell").is_file():
+        ptxas = bin_dir / "ptxas-blackwell"
     if not ptxas.is_file():
         return None, None
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx)
         proc = subprocess.run(
-            [str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "kernel.cubin")],
+            [str(ptxas), f"-arch=sm_{capability}a", "-v", str(src), "-o", str(Path(tmp) / "kernel.cubin")],
             capture_output=True,
             text=True,
             check=False,
@@ -133,7 +170,8 @@ def ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
     return int(regs[0]), int(spills[0]) if spills else 0
 
 
-def compile_sm90(
+def compile_for(
+    target: str,
     kernel: Any,
     pointer_sig: dict[str, str],
     config: Any,
@@ -141,7 +179,7 @@ def compile_sm90(
     variant: str = "",
     **constexprs: Any,
 ) -> CompileReport:
-    """Compile one Triton kernel of the read path for sm_90 (no GPU needed)."""
+    """Compile one Triton kernel of the read path for a profile's GPU (no GPU needed)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
@@ -161,25 +199,27 @@ def compile_sm90(
     signature.update({name: "constexpr" for name in consts})
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in _ALIGNED if a in names}
     source = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
+    capability, tensor_op = TARGETS[target]
     compiled = triton_compile(
         source,
-        target=GPUTarget("cuda", 90, 32),
+        target=GPUTarget("cuda", capability, 32),
         options={"num_warps": config.num_warps, "num_stages": config.num_stages},
     )
     ttgir = compiled.asm["ttgir"]
     loop = ttgir[ttgir.index("scf.for") :] if "scf.for" in ttgir else ""
     waits = [int(n) for n in re.findall(r"async_wait[^{\n]*\{num = (\d+)", loop)]
-    registers, spills = ptxas_usage(compiled.asm["ptx"])
+    registers, spills = ptxas_usage(compiled.asm["ptx"], capability)
     return CompileReport(
         kernel=kernel.__name__,
         config={k: getattr(config, k) for k in ("block_n", "split_n", "swap_ab", "num_warps", "num_stages")},
         shared_bytes=int(compiled.metadata.shared),
-        wgmma="wgmma" in compiled.asm["ptx"],
+        tensor_core=tensor_op in compiled.asm["ptx"],
         loop_waits=waits,
         variant=variant,
         async_copies=ttgir.count("async_copy_global_to_local"),
         registers=registers,
         spill_bytes=spills,
+        target=target,
     )
 
 
@@ -202,20 +242,27 @@ def bf16_constexprs(module: Any, config: Any, *, group_rows: int, length_aware: 
     }
 
 
-def production_variants(module: Any) -> list[tuple[str, Any, dict[str, Any]]]:
-    """(name, config, launch options) of every bf16 kernel variant the indexer launches."""
+def production_variants(module: Any, target: str = "sm90") -> list[tuple[str, Any, dict[str, Any]]]:
+    """(name, config, launch options) of every bf16 kernel variant the indexer launches on a
+    profile's GPU: MTP groups under the config the module selects for that GPU's shared memory."""
     decode, prefill = module.CONFIGS["decode"], module.CONFIGS["prefill"]
+    shared = module.SharedMemory(*P.SHARED_MEMORY[target])
+
+    def grouped(group_rows: int) -> Any:
+        return module.select_config(8, 0, 64, group_rows, shared)
+
     return [
         ("decode (indexer: length-aware, clean_logits=False)", decode, {"group_rows": 1, "length_aware": True, "fill_tail": False}),
         ("decode, clean_logits=True", decode, {"group_rows": 1, "length_aware": True, "fill_tail": True}),
-        ("MTP verify, groups of 2", decode, {"group_rows": 2, "length_aware": True, "fill_tail": False}),
-        ("MTP verify, groups of 4", decode, {"group_rows": 4, "length_aware": True, "fill_tail": False}),
+        ("MTP verify, groups of 2", grouped(2), {"group_rows": 2, "length_aware": True, "fill_tail": False}),
+        ("MTP verify, groups of 4", grouped(4), {"group_rows": 4, "length_aware": True, "fill_tail": False}),
         ("prefill", prefill, {"group_rows": 1, "length_aware": False, "fill_tail": False}),
     ]
 
 
-def compile_read_kernels(all_configs: bool = False) -> list[CompileReport]:
-    """The bf16 kernel (fp8 and bf16 q) and the fp8 twin, default configs or the whole sweep."""
+def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = ("sm90",)) -> list[CompileReport]:
+    """The bf16 kernel (fp8 and bf16 q) for each target, and the fp8 twin (sm_90: it stands in for
+    DeepGEMM on the H200); the default configs or, with ``all_configs``, the whole sweep."""
     from verify.bench import fp8_twin
     from verify.parity.upstream_read import load_bf16_kernel_module
 
@@ -226,30 +273,54 @@ def compile_read_kernels(all_configs: bool = False) -> list[CompileReport]:
     module, _ = load_bf16_kernel_module()
     kernel = module._bf16_paged_mqa_logits_kernel
     reports = []
-    for name, config, launch in production_variants(module):
+    for target in targets:
+        for name, config, launch in production_variants(module, target):
+            reports.append(
+                compile_for(target, kernel, _BF16_SIGNATURE, config, variant=name,
+                            **bf16_constexprs(module, config, **launch))
+            )
+        # What groups of 4 took before the kernel module chose their stages by shared memory.
+        decode = module.CONFIGS["decode"]
+        grouped4 = {"group_rows": 4, "length_aware": True, "fill_tail": False}
+        report = compile_for(target, kernel, _BF16_SIGNATURE, decode, variant=COMPARISON_GROUPS_OF_4,
+                             **bf16_constexprs(module, decode, **grouped4))
+        reports.append(replace(report, production=False))
+        plain = {"group_rows": 1, "length_aware": False, "fill_tail": True}
+        for config in list(module.CONFIG_SWEEP) if all_configs else []:
+            reports.append(
+                compile_for(target, kernel, _BF16_SIGNATURE, config, variant="sweep",
+                            **bf16_constexprs(module, config, **plain))
+            )
+        decode = module.CONFIGS["decode"]
         reports.append(
-            compile_sm90(kernel, _BF16_SIGNATURE, config, variant=name, **bf16_constexprs(module, config, **launch))
+            compile_for(
+                target,
+                kernel,
+                {**_BF16_SIGNATURE, "q_ptr": "*bf16"},
+                decode,
+                heads=32,
+                variant="bf16 q, 32 heads",
+                **{**bf16_constexprs(module, decode, group_rows=1, length_aware=True, fill_tail=False), "Q_FP8": False},
+            )
         )
-    plain = {"group_rows": 1, "length_aware": False, "fill_tail": True}
-    for config in list(module.CONFIG_SWEEP) if all_configs else []:
+    if "sm90" in targets:
+        decode = module.CONFIGS["decode"]
         reports.append(
-            compile_sm90(kernel, _BF16_SIGNATURE, config, variant="sweep", **bf16_constexprs(module, config, **plain))
+            compile_for("sm90", fp8_twin._fp8_paged_mqa_logits_twin_kernel, _TWIN_SIGNATURE, decode, variant="fp8 twin")
         )
-    decode = module.CONFIGS["decode"]
-    reports.append(
-        compile_sm90(
-            kernel,
-            {**_BF16_SIGNATURE, "q_ptr": "*bf16"},
-            decode,
-            heads=32,
-            variant="bf16 q, 32 heads",
-            **{**bf16_constexprs(module, decode, group_rows=1, length_aware=True, fill_tail=False), "Q_FP8": False},
-        )
-    )
-    reports.append(
-        compile_sm90(fp8_twin._fp8_paged_mqa_logits_twin_kernel, _TWIN_SIGNATURE, decode, variant="fp8 twin")
-    )
     return reports
+
+
+def as_json(reports: list[CompileReport]) -> dict[str, Any]:
+    import triton
+
+    return {
+        "triton": triton.__version__,
+        "shared_memory": {t: {"per_block": P.SHARED_MEMORY[t][0], "per_sm": P.SHARED_MEMORY[t][1]}
+                          for t in sorted({r.target for r in reports})},
+        "reports": [{**asdict(r), "ok": r.ok, "pipelined": r.pipelined, "notes": r.notes,
+                     "shared_limit": r.shared_limit} for r in reports],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,19 +328,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--all", action="store_true", help="every config of CONFIG_SWEEP, not just the default"
     )
+    parser.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=list(TARGETS),
+                        help="the GPUs to compile for (default: all)")
+    parser.add_argument("--out", type=Path, help="also write the reports as JSON to this file")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
 
-    print(f"triton {triton.__version__}, target sm_90")
+    print(f"triton {triton.__version__}, targets {' '.join(args.targets)}")
+    reports = compile_read_kernels(args.all, tuple(args.targets))
     bad = 0
-    for r in compile_read_kernels(args.all):
-        bad += not r.ok
+    for r in reports:
+        # Production variants must launch everywhere; on sm_90, the GPU their configs were tuned
+        # on, they must also be free of notes.
+        failed = r.production and not (r.clean if r.target == "sm90" else r.ok)
+        bad += failed
+        tag = "BAD" if failed else ("ok " if r.production else "cmp")
         print(
-            f"{'ok ' if r.ok else 'BAD'} {r.kernel:<34} {r.variant:<52} {r.config} smem={r.shared_bytes} "
-            f"wgmma={r.wgmma} async_copies={r.async_copies} loop async_wait={r.loop_waits} "
+            f"{tag} {r.target:<5} {r.kernel:<34} {r.variant:<52} {r.config} "
+            f"smem={r.shared_bytes} (limit {r.shared_limit}) {TARGETS[r.target][1]}={r.tensor_core} "
+            f"async_copies={r.async_copies} loop async_wait={r.loop_waits} "
             f"registers={r.registers} spill_bytes={r.spill_bytes}"
+            + (f" notes: {'; '.join(r.notes)}" if r.notes else "")
         )
+    if args.out:
+        import json
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(as_json(reports), indent=1) + "\n")
     return 1 if bad else 0
 
 

@@ -58,6 +58,7 @@ from typing import Any
 
 import torch
 
+from verify import platform as P
 from verify.parity.read_reference import (
     PAGE,
     ReadCase,
@@ -128,11 +129,18 @@ class Suite:
         finally:
             torch.empty = empty  # type: ignore[assignment]
 
-    def run(self, case: ReadCase, *, poison: bool = True, **kw: Any) -> torch.Tensor:
+    def run(self, case: ReadCase, *, poison: bool = True, config: Any = None, **kw: Any) -> torch.Tensor:
+        """The kernel as the indexer calls it; with ``config``, that launch config instead of the
+        one the module selects for this device (another GPU's selection)."""
         if poison and self.cuda:
             # Freed into the caching allocator, so the output most likely lands on NaNs:
             # any element the kernel does not write then shows up as NaN.
             torch.full((case.rows, case.max_seq_len), float("nan"), device=self.s.device)
+        if config is not None:
+            return self.module.bf16_paged_mqa_logits_with_config(
+                case.q, case.pool_view(), case.weights, case.seq_lens, case.page_table, case.max_seq_len,
+                config=config, fill_tail=kw.pop("clean_logits", True), **kw,
+            )
         return self.kernel(
             case.q,
             case.pool_view(),
@@ -371,14 +379,39 @@ class Suite:
             "", Status.PASS if ok else Status.FAIL, _fmt(details, skip=("upstream_route",)), details
         )
 
-    def check_group_rows(self, group_rows: int, finals: list[int] | None = None) -> CheckResult:
+    def grouped_config(self, group_rows: int, profile: str) -> Any:
+        """The launch config the kernel module selects for groups on ``profile``'s GPU (its shared
+        memory, verify.platform.SHARED_MEMORY)."""
+        shared = self.module.SharedMemory(*P.SHARED_MEMORY[profile])
+        return self.module.select_config(1, 0, 64, group_rows, shared)
+
+    def other_gpu_group_configs(self) -> list[tuple[int, str]]:
+        """(group_rows, profile) for each GPU whose grouped config differs from this device's."""
+        local = self.module._device_shared_memory(self.s.device)
+        out = []
+        for group_rows in self.s.groups:
+            here = self.module.select_config(1, 0, 64, group_rows, local)
+            seen = {here}
+            for profile in P.SHARED_MEMORY:
+                config = self.grouped_config(group_rows, profile)
+                if config not in seen:
+                    seen.add(config)
+                    out.append((group_rows, profile))
+        return out
+
+    def check_group_rows(
+        self, group_rows: int, finals: list[int] | None = None, profile: str | None = None
+    ) -> CheckResult:
+        """Groups against the oracle, the rows one at a time and reruns; with ``profile``, under
+        the config that GPU's shared memory selects (run here)."""
         if finals is None:
             finals = [n for n in self.s.lengths if n >= 1]
         lengths = verify_lengths(finals, group_rows)[:-1]  # a partial last group
         case, shared = make_group_case(
             lengths, group_rows, seed=self.s.seed + 91 + group_rows, device=self.s.device
         )
-        out = self.run(case, group_rows=group_rows)
+        config = self.grouped_config(group_rows, profile) if profile else None
+        out = self.run(case, group_rows=group_rows, config=config)
         metrics = compare(out, self.oracle(shared))
         singles = self.run(shared, poison=False)
         finite = torch.isfinite(singles)
@@ -386,10 +419,13 @@ class Suite:
         differing = [
             i
             for i in range(1, self.s.reruns)
-            if not torch.equal(self.run(case, poison=False, group_rows=group_rows), out)
+            if not torch.equal(self.run(case, poison=False, group_rows=group_rows, config=config), out)
         ]
         metrics["rerun_differing"] = differing
         metrics["rows"] = case.rows
+        used = config or self.module.select_config(
+            1, 0, 64, group_rows, self.module._device_shared_memory(self.s.device))
+        metrics["config"] = {k: getattr(used, k) for k in ("block_n", "num_warps", "num_stages")}
         ok = metrics["ok"] and not differing and metrics["calc_diff_vs_one_row_at_a_time"] <= CALC_DIFF_MAX
         result = verdict(metrics, f"{case.rows} verify rows in groups of {group_rows}, {self.s.reruns} reruns")
         return replace(result, status=Status.PASS if ok else Status.FAIL)
@@ -531,6 +567,9 @@ class Suite:
             out.append((f"prefill[rows={rows},keys={final}]", _bind(self.check_prefill, rows, final)))
         for group_rows in self.s.groups:
             out.append((f"group_rows[G={group_rows}]", _bind(self.check_group_rows, group_rows)))
+        for group_rows, profile in self.other_gpu_group_configs():
+            out.append((f"group_rows[G={group_rows},{profile} config]",
+                        _bind(self.check_group_rows, group_rows, None, profile)))
         out += [
             ("group_rows_batch", self.check_group_rows_batch),
             ("group_rows_static_split", self.check_group_rows_static_split),
