@@ -7,8 +7,9 @@
 #                                  diagnose bench ncu deepgemm (or: all)
 #
 # install puts whatever bundle was carried (.whl/a, .whl/b or .whl/c) into $SITE, which stays on
-# the machine while it is held: carry a, then b, then c in consecutive calls (`install` alone for
-# the first two), and run the stages in the call that carries c.
+# the machine while it is held: carry a's two parts (one file a call), then b, then c in
+# consecutive calls (`install` alone for the first three), and run the stages in the call that
+# carries c.
 #
 # Each stage runs under a time limit: STAGE_TIMEOUT seconds, or TIMEOUT_<stage> for one stage
 # (TIMEOUT_bench=330). BENCH_ARGS / TIER2_ARGS / NCU_ARGS are passed to the stage's program;
@@ -42,19 +43,52 @@ DEEPGEMM_JIT=/tmp/bf16k-deepgemm-jit
 PY=${PYTHON:-python3}
 status=0
 
+PARTS=/tmp/bf16k-parts  # parts of wheels carried over several calls, kept while the machine is held
+
+assemble_parts() {  # assemble_parts BUNDLE: every wheel of the bundle whose parts have all arrived
+  # into $PARTS/BUNDLE/whole/; fails, saying which, while a part is missing
+  local dir=$PARTS/$1 name n have i missing=0
+  [ -d "$dir" ] || return 0
+  for name in $(ls "$dir" | sed -n 's/\.part-[0-9]*-of-[0-9]*$//p' | sort -u); do
+    n=$(ls "$dir" | grep -F "$name.part-" | head -1 | sed 's/.*-of-//')
+    have=$(ls "$dir" | grep -cF "$name.part-")
+    if [ "$have" != "$n" ]; then
+      echo "bundle $1: $name has $have of $n parts; carry the rest in the next call" >&2
+      missing=1
+      continue
+    fi
+    mkdir -p "$dir/whole"
+    for i in $(seq 1 "$n"); do cat "$dir/$name.part-$i-of-$n"; done > "$dir/whole/$name"
+  done
+  return $missing
+}
+
 stage_install() {  # the carried bundle(s) into $SITE; the pinned sglang wheel kept aside for setup
-  local found=0
+  local found=0 bundle name part complete w
+  local -a wheels
   for bundle in .whl/a .whl/b .whl/c; do
-    ls "$bundle"/*.whl >/dev/null 2>&1 || continue
+    name=${bundle##*/}
+    # A wheel too big to carry beside the repository travels in parts (NAME.whl.part-I-of-N,
+    # verify/gpu/fetch_wheels.sh), one or more per call; it is installed once all have arrived.
+    for part in "$bundle"/*.whl.part-*-of-*; do
+      [ -f "$part" ] || continue
+      found=1
+      mkdir -p "$PARTS/$name" && cp "$part" "$PARTS/$name/" && echo "bundle $name: received ${part##*/}"
+    done
+    complete=1
+    assemble_parts "$name" || complete=0
+    wheels=()
+    for w in "$bundle"/*.whl "$PARTS/$name"/whole/*.whl; do [ -f "$w" ] && wheels+=("$w"); done
+    [ "${#wheels[@]}" -gt 0 ] || continue
     found=1
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$bundle"/*.whl || return 1
-    touch "$SITE/.installed-${bundle##*/}"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}" || return 1
+    [ "$complete" = 1 ] && touch "$SITE/.installed-$name"
     if ls "$bundle"/upstream/sglang-*.whl >/dev/null 2>&1; then
       mkdir -p /tmp/bf16k-upstream-wheel && cp "$bundle"/upstream/sglang-*.whl /tmp/bf16k-upstream-wheel/
     fi
   done
   [ "$found" = 1 ] || { echo "no wheel bundle carried (.whl/a, .whl/b or .whl/c)" >&2; return 1; }
-  ls "$SITE"/.installed-* | sed 's/.*installed-/installed bundle /'
+  ls "$SITE"/.installed-* 2>/dev/null | sed 's/.*installed-/installed bundle /'
 }
 
 stage_setup() {
