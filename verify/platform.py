@@ -210,11 +210,48 @@ def applied(name: str) -> Iterator[Applied]:
             raise ProfileError(f"upstream's DeepSeek-V4 model hook failed for {name}: {detail}") from exc
         saved_sm120 = metadata._IS_SM120
         metadata._IS_SM120 = bool(facts["is_sm120"])
+        restore, replaced = _profile_shared_memory(name)
         try:
             with override_platform(**facts):
-                yield Applied(name, facts, hook_env)
+                yield Applied(name, facts, hook_env, replaced)
         finally:
             metadata._IS_SM120 = saved_sm120
+            restore()
+
+
+_BF16_KERNEL_MODULE = "sglang.kernels.ops.attention.dsv4.bf16_index_logits"
+
+
+def _profile_shared_memory(name: str) -> tuple[Callable[[], None], list[str]]:
+    """Make patch 4's kernel module select ``name``'s launch configs: its per-device shared-memory
+    lookup answers with the profile's numbers (SHARED_MEMORY), where they differ from this GPU's.
+    Only on a CUDA machine (the module is imported for it; a CPU process may need it interpreted,
+    which an import here would settle too early) and only with a module that has the lookup.
+    Returns (undo, what was replaced, for the run's record)."""
+    import torch
+
+    if name not in SHARED_MEMORY or not torch.cuda.is_available():
+        return (lambda: None), []
+    try:
+        module = importlib.import_module(_BF16_KERNEL_MODULE)
+    except Exception:  # noqa: BLE001 -- no bf16 kernel in this tree (unpatched): nothing to select
+        return (lambda: None), []
+    lookup = getattr(module, "_shared_memory", None)
+    if lookup is None or not hasattr(module, "SharedMemory"):
+        return (lambda: None), []
+    profile = module.SharedMemory(*SHARED_MEMORY[name])
+    local = lookup(torch.cuda.current_device())
+    if local == profile:
+        return (lambda: None), []
+    module._shared_memory = lambda index: profile
+
+    def undo() -> None:
+        module._shared_memory = lookup
+
+    note = (f"the bf16 kernel's shared-memory lookup answers with {name}'s ({profile.per_block} B a "
+            f"program, {profile.per_sm} B an SM; this GPU has {local.per_block} and {local.per_sm}), "
+            "so it selects that GPU's launch configs")
+    return undo, [note]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--formats", nargs="+", choices=("bf16", "fp8"), default=["bf16", "fp8"])
     ap.add_argument("--compressors", nargs="+", choices=("fused", "unfused"), default=["fused", "unfused"])
     ap.add_argument("--no-mtp", action="store_true", help="skip the target-verify (MTP) arms")
+    ap.add_argument("--mtp-drafts", nargs="+", type=int, default=[2], choices=(2, 3, 4),
+                    help="draft tokens per request of the target-verify arms (default: 2)")
     ap.add_argument("--arms", nargs="+", default=None,
                     help="run only these arms, e.g. fp8/fused bf16/fused fp8/fused/mtp2; PROFILE:ARM runs an arm on that "
                          "profile only, e.g. sm120:fp8/fused (overrides the three above)")
@@ -211,13 +213,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     baseline: dict[str, Any] = {}
     for profile in profiles:
         tilelang_note = _tilelang_for(profile)
-        specs = arm_specs(tuple(args.formats), tuple(args.compressors), mtp=not args.no_mtp)
+        specs = arm_specs(tuple(args.formats), tuple(args.compressors), mtp=not args.no_mtp,
+                          drafts=tuple(args.mtp_drafts))
         if args.arms:
-            known = {sp.name for sp in arm_specs()}
+            every = arm_specs(drafts=(2, 3, 4))
+            known = {sp.name for sp in every}
             unknown = {a.split(":", 1)[-1] for a in args.arms} - known
             if unknown:
                 raise SystemExit(f"unknown arm(s) {sorted(unknown)}; known: {sorted(known)}")
-            specs = [sp for sp in arm_specs() if sp.name in args.arms or f"{profile}:{sp.name}" in args.arms]
+            specs = [sp for sp in every if sp.name in args.arms or f"{profile}:{sp.name}" in args.arms]
         for spec in specs:
             with P.applied(profile) as applied:
                 print(f"=== {profile} {spec.name}", flush=True)
@@ -228,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "profile": profile, "arm": spec.name, "steps": len(rows),
                 "failed": sum(r["status"] == "fail" for r in rows), "errors": sum(r["status"] == "error" for r in rows),
                 "scorers": sorted({x for r in rows for x in r["scorer"]}), "topks": sorted({x for r in rows for x in r["topk"]}),
-                "replaced": arm.rig.replaced + ([stand_in] if stand_in else []) + ([tilelang_note] if tilelang_note else []),
+                "replaced": arm.rig.replaced + ([stand_in] if stand_in else []) + ([tilelang_note] if tilelang_note else [])
+                + applied.replaced,
                 "hook_env": applied.hook_env,
             })
             for r in rows:

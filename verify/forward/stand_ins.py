@@ -53,6 +53,7 @@ class Call:
     seq_lens_dim: int | None = None
     clean_logits: bool | None = None
     kv_dtype: str | None = None
+    launch: str | None = None  # the bf16 kernel's: rows per group and the key stages it runs
 
 
 @dataclass
@@ -79,6 +80,8 @@ class Spies:
         def spy(*args: Any, **kwargs: Any) -> Any:
             if role in SCORERS and role != "score_deepgemm_nonpaged":
                 spies._record_scorer(role, args)
+                if role == "score_bf16":
+                    spies.calls[-1].launch = bf16_launch(fn, args, kwargs)
                 if spies.probe:
                     q = args[0][0] if isinstance(args[0], tuple) else args[0]
                     return torch.zeros(q.shape[0], int(args[6]), dtype=torch.float32, device=q.device)
@@ -149,6 +152,20 @@ class Spies:
     def take_logits(self) -> list[torch.Tensor]:
         out, self.logits = self.logits, []
         return out
+
+
+def bf16_launch(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``group_rows=G stages=S``: the rows the dispatch grouped and the key stages the kernel
+    module selects for them on this device (its shared memory, or the profile's stand-in for it)."""
+    import sys
+
+    module = sys.modules[fn.__module__]
+    group_rows = int(kwargs.get("group_rows", 1))
+    q = args[0][0] if isinstance(args[0], tuple) else args[0]
+    rows, heads = int(q.shape[0]), int(q.shape[-2])
+    groups = -(-rows // group_rows)
+    config = module.select_config(groups, int(args[6]), heads, group_rows, module._device_shared_memory(q.device))
+    return f"group_rows={group_rows} stages={config.num_stages}"
 
 
 def roles_called(calls: list[Call]) -> list[str]:

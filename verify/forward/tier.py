@@ -63,6 +63,7 @@ class StepResult:
     scorer: list[str] = field(default_factory=list)
     topk: list[str] = field(default_factory=list)
     other_calls: list[str] = field(default_factory=list)
+    bf16_launches: list[str] = field(default_factory=list)  # Call.launch of each bf16 scorer call
     peak_mb: float | None = None
     logits_mb: float | None = None
     detail: str = ""
@@ -284,8 +285,10 @@ class Arm:
         scorer = roles_called([c for c in calls if c.role in SCORERS])
         topk = roles_called([c for c in calls if c.role in TOPKS])
         other = roles_called([c for c in calls if c.role not in SCORERS and c.role not in TOPKS])
+        launches = list(dict.fromkeys(c.launch for c in calls if c.role == "score_bf16" and c.launch))
         res = StepResult(self.applied.name, self.spec.name, scenario, run, mode, label, "pass",
-                         [r.length for r in reqs], scorer=scorer, topk=topk, other_calls=other)
+                         [r.length for r in reqs], scorer=scorer, topk=topk, other_calls=other,
+                         bf16_launches=launches)
         problems: list[str] = []
         if self.spec.fmt == "bf16":
             fp8 = [s for s in scorer if s in FP8_SCORERS]
@@ -293,6 +296,10 @@ class Arm:
                 problems.append(f"flag on but fp8 path ran: {fp8 + [o for o in other if o == 'gather_nonpaged']}")
             if run != "graph" and "score_bf16" not in scorer:
                 problems.append("flag on but the bf16 scorer did not run")
+            grouped = f"group_rows={self.spec.draft_tokens} "
+            if mode == "target_verify" and not any(x.startswith(grouped) for x in launches):
+                # the dispatch groups a uniform target verify's rows per request (patch 5)
+                problems.append(f"target verify with {self.spec.draft_tokens} draft tokens not scored in groups: {launches}")
         q_prod, w_prod = self.q_log[-1] if self.q_log else (None, None)
         offset = 0
         for req, n in zip(reqs, extend_lens):
@@ -504,10 +511,13 @@ def pd_scenario(arm: Arm, total: int) -> None:
 
 
 def arm_specs(formats: tuple[str, ...] = ("bf16", "fp8"), compressors: tuple[str, ...] = ("fused", "unfused"),
-              mtp: bool = True) -> list[ArmSpec]:
+              mtp: bool = True, drafts: tuple[int, ...] = (2,)) -> list[ArmSpec]:
+    """The arms: each format x compressor, and (``mtp``) target verify with each number of draft
+    tokens in ``drafts`` (fused compressor; 4 drafts: groups of 4 rows, whose key stages follow
+    the GPU's shared memory)."""
     specs = [ArmSpec(f, c) for f in formats for c in compressors]
     if mtp:
-        specs += [ArmSpec(f, "fused", draft_tokens=2) for f in formats]
+        specs += [ArmSpec(f, "fused", draft_tokens=n) for n in drafts for f in formats]
     return specs
 
 

@@ -22,7 +22,8 @@
 #
 # deepgemm builds DeepGEMM from the source bundle .whl/dg (verify/gpu/fetch_deepgemm.sh; carry it
 # in the call that runs the stage) into /tmp/bf16k-deepgemm and runs the checks on its first call
-# (DEEPGEMM_TESTS="tests/test_attention.py" adds DeepGEMM's own tests). With USE_DEEPGEMM=1 the
+# (DEEPGEMM_TESTS="tests/test_attention.py" adds DeepGEMM's own tests; DEEPGEMM_CXX=g++ a second
+# build linked by that compiler, run without the preload). With USE_DEEPGEMM=1 the
 # later stages put that build on the path, with the system g++'s libstdc++ preloaded, so the tests,
 # tier 2 and the forward tier use the real DeepGEMM instead of the Triton twin stand-in.
 set -uo pipefail
@@ -268,6 +269,17 @@ stage_deepgemm() {  # DeepGEMM built from the carried source (.whl/dg, verify/gp
   echo "extension built by: $(grep -m1 -oE '^\S*(g\+\+|c\+\+)' "$RES/deepgemm-build.log" 2>/dev/null) (sysconfig CXX: $("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("CXX"))'))"
   echo "std::locale symbols defined in the extension: $(nm -DC --defined-only "$src"/deep_gemm/_C*.so 2>/dev/null | grep -c 'std::locale')"
   LD_PRELOAD=$(deepgemm_libstdcxx) timeout 120 "$PY" -c "$T"; echo "exit $?"
+  if [ -n "${DEEPGEMM_CXX:-}" ]; then  # e.g. g++: a second build linked by that compiler, run without the preload
+    local alt=$src-cxx
+    echo "--- 6. DeepGEMM built and linked by $DEEPGEMM_CXX (CXX, and LDSHARED=\"$DEEPGEMM_CXX -shared\"), no preload"
+    rm -rf "$alt" && mkdir -p "$alt" && tar xzf "$tgz" -C "$alt" --strip-components=1 &&
+      cp -r "$alt"/third-party/cutlass/include/{cutlass,cute} "$alt/deep_gemm/include/" &&
+      (cd "$alt" && CXX=$DEEPGEMM_CXX LDSHARED="$DEEPGEMM_CXX -shared" DG_USE_LOCAL_VERSION=0 "$PY" setup.py build_ext --inplace) \
+        > "$RES/deepgemm-build-cxx.log" 2>&1 || { tail -40 "$RES/deepgemm-build-cxx.log"; return 1; }
+    echo "extension built by: $(grep -m1 -oE '^\S*(g\+\+|c\+\+)' "$RES/deepgemm-build-cxx.log")"
+    echo "std::locale symbols defined in the extension: $(nm -DC --defined-only "$alt"/deep_gemm/_C*.so 2>/dev/null | grep -c 'std::locale')"
+    PYTHONPATH=$alt:${PYTHONPATH#"$src":} DG_JIT_CACHE_DIR=$DEEPGEMM_JIT-cxx timeout 120 "$PY" -c "$T"; echo "exit $?"
+  fi
   if [ -n "${DEEPGEMM_TESTS:-}" ]; then  # e.g. "tests/test_attention.py": DeepGEMM's own tests
     # shellcheck disable=SC2086
     (cd "$src" && LD_PRELOAD=$(deepgemm_libstdcxx) timeout "${DEEPGEMM_TESTS_TIMEOUT:-240}" "$PY" -u $DEEPGEMM_TESTS) 2>&1 | tail -60
@@ -319,8 +331,8 @@ for s in "${stages[@]}"; do
   case "$s" in
     install|setup|tests|tier1|tier1_read|tier2|forward|diagnose|bench|ncu|deepgemm)
       limit_var=TIMEOUT_$s
-      export -f "stage_$s" with_tree deep_gemm_is_real baseline_tree deepgemm_libstdcxx
-      export ROOT RES LOGS SITE DEEPGEMM_SRC DEEPGEMM_JIT PY USE_DEEPGEMM DEEPGEMM_TESTS_TIMEOUT TIER2_ARGS TIER2_PLATFORMS TIER2_ARGS_sm90 TIER2_ARGS_sm120 TIER2_ARGS_auto BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS DEEPGEMM_TESTS
+      export -f "stage_$s" with_tree deep_gemm_is_real baseline_tree deepgemm_libstdcxx assemble_parts
+      export ROOT RES LOGS SITE PARTS DEEPGEMM_SRC DEEPGEMM_JIT PY USE_DEEPGEMM DEEPGEMM_CXX DEEPGEMM_TESTS_TIMEOUT TIER2_ARGS TIER2_PLATFORMS TIER2_ARGS_sm90 TIER2_ARGS_sm120 TIER2_ARGS_auto BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS DEEPGEMM_TESTS
       timeout "${!limit_var:-$STAGE_TIMEOUT}" bash -c "stage_$s" > >(tee "$LOGS/$s.log") 2>&1; rc=$? ;;
     *) echo "unknown stage $s"; rc=2 ;;
   esac
