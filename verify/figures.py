@@ -288,6 +288,30 @@ def sm120(root: Path) -> str:
     return f"Source `{rel}` (nvcc and TileLang, no GPU):\n\n" + "\n".join(out) + "\n"
 
 
+def bf16_compile(root: Path) -> str:
+    """What patch 4's kernel compiles to for each GPU (verify.bench.read_compile's JSON)."""
+    rel = f"{RESULTS}/sm120/bf16-read-compile.json"
+    res = _load(root, rel)
+    if res is None:
+        return _missing(rel, f"python -m verify.bench.read_compile --out {rel}")
+    ops = {"sm90": "wgmma", "sm100": "tcgen05.mma", "sm120": "mma.sync"}
+    lines = [f"Source `{rel}` (Triton {res['triton']}, compiled for each GPU without one; each with "
+             "the configs the kernel module selects for that GPU's shared memory):", "",
+             "| GPU | variant | tile/warps/stages | shared memory B (limit) | tensor-core op | registers | notes |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in res["reports"]:
+        if r["kernel"] != "_bf16_paged_mqa_logits_kernel":
+            continue
+        c = r["config"]
+        fits = "" if r["shared_bytes"] <= r["shared_limit"] else " **does not fit**"
+        variant = r["variant"] if r["production"] else f"*{r['variant']}*"
+        lines.append(
+            f"| {r['target']} | {variant} | {c['block_n']}/w{c['num_warps']}/s{c['num_stages']} | "
+            f"{r['shared_bytes']:,} ({r['shared_limit']:,}){fits} | "
+            f"{ops[r['target']] if r['tensor_core'] else 'none'} | {r['registers']} | {'; '.join(r['notes'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def gpu_tests(root: Path) -> str:
     """The series' tests on the GPU, one line per committed junit file of the tests stage."""
     import xml.etree.ElementTree as ET
@@ -346,10 +370,24 @@ def deepgemm(root: Path) -> str:
     out.append("- backtrace: " + (f"`{frame.group(1)}` at `{frame.group(2).split('/')[-1]}`" if frame else "no DeepGEMM frame"))
     pre = sorted(folder.glob("libstdcxx-preload-*.log"))
     chunk = section(5, text) or (pre[-1].read_text() if pre else "")
+    def linked(chunk: str, name_linker: bool = True) -> str:
+        by = re.search(r"^extension built by: (\S+)", chunk, re.MULTILINE) if name_linker else None
+        count = re.search(r"^std::locale symbols defined in the extension: (\d+)", chunk, re.MULTILINE)
+        parts = ([f"linked by `{by.group(1)}`"] if by else []) + (
+            [f"{count.group(1)} `std::locale` symbols defined inside it"] if count else [])
+        return f" ({'; '.join(parts)})" if parts else ""
+
     if chunk:
         maps = re.findall(r"/\S*libstdc\+\+\S*?(?=')", chunk)
-        out.append(f"- the same call with the compiler's libstdc++ preloaded: {exit_of(chunk)}"
+        out.append(f"- the same call with the system g++'s libstdc++ preloaded: {exit_of(chunk)}"
                    + (f" (the process maps {', '.join(f'`{m}`' for m in sorted(set(maps)))})" if maps else ""))
+        if linked(chunk):
+            out.append(f"- the extension above{linked(chunk)}")
+    rebuilt = section(6, text)
+    if rebuilt:
+        compiler = re.search(r"^--- 6\. DeepGEMM built and linked by (\S+)", text, re.MULTILINE)
+        out.append(f"- rebuilt and linked by `{compiler.group(1) if compiler else '?'}`{linked(rebuilt, name_linker=False)}, "
+                   f"the metadata call without a preload: {exit_of(rebuilt)}")
     for log in sorted(folder.glob("test-attention-*.log")):
         body = log.read_text()
         cases = len(re.findall(r"^ > ", body, re.MULTILINE))
@@ -390,6 +428,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "flag-off": flag_off,
     "parity": parity,
     "sm120": sm120,
+    "bf16-compile": bf16_compile,
     "gpu-tests": gpu_tests,
     "deepgemm": deepgemm,
 }
