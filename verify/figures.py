@@ -295,8 +295,8 @@ def bf16_compile(root: Path) -> str:
     if res is None:
         return _missing(rel, f"python -m verify.bench.read_compile --out {rel}")
     ops = {"sm90": "wgmma", "sm100": "tcgen05.mma", "sm120": "mma.sync"}
-    lines = [f"Source `{rel}` (Triton {res['triton']}, compiled for each GPU without one; each with "
-             "the configs the kernel module selects for that GPU's shared memory):", "",
+    lines = [(f"Source `{rel}` (Triton {res['triton']}, compiled for each GPU without one; each with "
+             "the configs the kernel module selects for that GPU's shared memory):"), "",
              "| GPU | variant | tile/warps/stages | shared memory B (limit) | tensor-core op | registers | notes |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in res["reports"]:

@@ -513,6 +513,18 @@ def targets(art: Artifacts) -> list[str]:
         for m in art.read.get("mtp", [])
         if m.get("grouped_sweep") and _ms(m.get("grouped_best")) and _ms(m.get("one_row"))
     ]
+    # What the fp8 anchor pays for a request's second row: DeepGEMM scores the flattened verify rows
+    # one at a time; its decode timing at the same requests x keys is its one-row time.
+    one_row_dg = {
+        (r["shape"]["rows"], r["shape"]["keys"]): ms
+        for r in art.read.get("results", [])
+        if r["shape"]["mode"] == "decode" and not r["shape"].get("width") and (ms := _ms(r.get("fp8_deepgemm")))
+    }
+    anchor = [
+        ms / one_row_dg[(m["requests"], m["keys"])]
+        for m in art.read.get("mtp", [])
+        if m["next_n"] == 2 and (ms := _ms(m.get("deepgemm"))) and (m["requests"], m["keys"]) in one_row_dg
+    ]
     out.append(
         f"MTP verify (grouped) <= {TARGET_MTP}x one row per request: "
         + (
@@ -524,6 +536,12 @@ def targets(art: Artifacts) -> list[str]:
             f"; with the best swept grouped config per shape {_count(swept, lambda v: v <= TARGET_MTP)} "
             f"(max {max(swept):.2f}x)"
             if swept
+            else ""
+        )
+        + (
+            f"; DeepGEMM's fp8 scorer takes {min(anchor):.2f}-{max(anchor):.2f}x its one-row time for two "
+            "rows per request (its decode timing at the same requests and keys)"
+            if anchor
             else ""
         )
     )

@@ -164,7 +164,10 @@ def bf16_launch(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     q = args[0][0] if isinstance(args[0], tuple) else args[0]
     rows, heads = int(q.shape[0]), int(q.shape[-2])
     groups = -(-rows // group_rows)
-    config = module.select_config(groups, int(args[6]), heads, group_rows, module._device_shared_memory(q.device))
+    shared = getattr(module, "_device_shared_memory", None)
+    if shared is None:  # a kernel module from before the stages followed shared memory
+        return f"group_rows={group_rows}"
+    config = module.select_config(groups, int(args[6]), heads, group_rows, shared(q.device))
     return f"group_rows={group_rows} stages={config.num_stages}"
 
 
