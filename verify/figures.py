@@ -312,6 +312,27 @@ def bf16_compile(root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def carry_timings(root: Path) -> str:
+    """How long each carried series' tests and bisect took, from its carried.toml (a re-carry
+    rewrites them)."""
+    from bf16k import carried, series
+
+    folder = root / "series" / "next"
+    versions = sorted((p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else [],
+                      key=lambda v: tuple(int(x) for x in v.split(".")))
+    if not versions:
+        return "No carried series yet (`nox -s rebase -- <release>`).\n"
+    parts = []
+    for i, v in enumerate(versions):
+        got = carried.load(root / "series" / "next" / v).verified
+        n = len(series.read_order(root / "series" / "next" / v))
+        parts.append(f"the {v} carry ran the series' tests in {got.tests_seconds} s and bisected its {n} prefixes "
+                     f"in {got.bisect_seconds} s" if i == 0 else f"{v}'s took {got.tests_seconds} s and "
+                     f"{got.bisect_seconds} s")
+    return ("Measured on this project's 2-core CPU machine (from each `carried.toml`): "
+            + "; ".join(parts) + ".\n")
+
+
 def gpu_tests(root: Path) -> str:
     """The series' tests on the GPU, one line per committed junit file of the tests stage."""
     import xml.etree.ElementTree as ET
@@ -429,6 +450,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "parity": parity,
     "sm120": sm120,
     "bf16-compile": bf16_compile,
+    "carry-timings": carry_timings,
     "gpu-tests": gpu_tests,
     "deepgemm": deepgemm,
 }
