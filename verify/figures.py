@@ -294,7 +294,7 @@ def bf16_compile(root: Path) -> str:
     res = _load(root, rel)
     if res is None:
         return _missing(rel, f"python -m verify.bench.read_compile --out {rel}")
-    ops = {"sm90": "wgmma", "sm100": "tcgen05.mma", "sm120": "mma.sync"}
+    from verify.bench.read_compile import TARGETS
     lines = [(f"Source `{rel}` (Triton {res['triton']}, compiled for each GPU without one; each with "
              "the configs the kernel module selects for that GPU's shared memory):"), "",
              "| GPU | variant | tile/warps/stages | shared memory B (limit) | tensor-core op | registers | notes |",
@@ -308,7 +308,7 @@ def bf16_compile(root: Path) -> str:
         lines.append(
             f"| {r['target']} | {variant} | {c['block_n']}/w{c['num_warps']}/s{c['num_stages']} | "
             f"{r['shared_bytes']:,} ({r['shared_limit']:,}){fits} | "
-            f"{ops[r['target']] if r['tensor_core'] else 'none'} | {r['registers']} | {'; '.join(r['notes'])} |")
+            f"{TARGETS[r['target']][1] if r['tensor_core'] else 'none'} | {r['registers']} | {'; '.join(r['notes'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -324,8 +324,8 @@ def carry_timings(root: Path) -> str:
         return "No carried series yet (`nox -s rebase -- <release>`).\n"
     parts = []
     for i, v in enumerate(versions):
-        got = carried.load(root / "series" / "next" / v).verified
-        n = len(series.read_order(root / "series" / "next" / v))
+        got = carried.load(folder / v).verified
+        n = len(series.read_order(folder / v))
         parts.append(f"the {v} carry ran the series' tests in {got.tests_seconds} s and bisected its {n} prefixes "
                      f"in {got.bisect_seconds} s" if i == 0 else f"{v}'s took {got.tests_seconds} s and "
                      f"{got.bisect_seconds} s")

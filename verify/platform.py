@@ -219,7 +219,9 @@ def applied(name: str) -> Iterator[Applied]:
             restore()
 
 
-_BF16_KERNEL_MODULE = "sglang.kernels.ops.attention.dsv4.bf16_index_logits"
+def kernel_shared_memory(module: Any, name: str) -> Any:
+    """``name``'s shared memory as patch 4's kernel module takes it (its ``SharedMemory``)."""
+    return module.SharedMemory(*SHARED_MEMORY[name])
 
 
 def _profile_shared_memory(name: str) -> tuple[Callable[[], None], list[str]]:
@@ -233,13 +235,13 @@ def _profile_shared_memory(name: str) -> tuple[Callable[[], None], list[str]]:
     if name not in SHARED_MEMORY or not torch.cuda.is_available():
         return (lambda: None), []
     try:
-        module = importlib.import_module(_BF16_KERNEL_MODULE)
+        module = importlib.import_module(FUNCTIONS["score_bf16"][0])  # the package the dispatch imports
     except Exception:  # noqa: BLE001 -- no bf16 kernel in this tree (unpatched): nothing to select
         return (lambda: None), []
     lookup = getattr(module, "_shared_memory", None)
     if lookup is None or not hasattr(module, "SharedMemory"):
         return (lambda: None), []
-    profile = module.SharedMemory(*SHARED_MEMORY[name])
+    profile = kernel_shared_memory(module, name)
     local = lookup(torch.cuda.current_device())
     if local == profile:
         return (lambda: None), []

@@ -144,7 +144,6 @@ def ptxas_usage(ptx: str, capability: int = 90) -> tuple[int | None, int | None]
     itself picks it); (None, None) when that ptxas cannot be found or run."""
     import subprocess
     import tempfile
-    from pathlib import Path
 
     import triton
 
@@ -246,7 +245,7 @@ def production_variants(module: Any, target: str = "sm90") -> list[tuple[str, An
     """(name, config, launch options) of every bf16 kernel variant the indexer launches on a
     profile's GPU: MTP groups under the config the module selects for that GPU's shared memory."""
     decode, prefill = module.CONFIGS["decode"], module.CONFIGS["prefill"]
-    shared = module.SharedMemory(*P.SHARED_MEMORY[target])
+    shared = P.kernel_shared_memory(module, target)
 
     def grouped(group_rows: int) -> Any:
         return module.select_config(8, 0, 64, group_rows, shared)
@@ -272,6 +271,7 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
         )
     module, _ = load_bf16_kernel_module()
     kernel = module._bf16_paged_mqa_logits_kernel
+    decode = module.CONFIGS["decode"]
     reports = []
     for target in targets:
         for name, config, launch in production_variants(module, target):
@@ -280,7 +280,6 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
                             **bf16_constexprs(module, config, **launch))
             )
         # What groups of 4 took before the kernel module chose their stages by shared memory.
-        decode = module.CONFIGS["decode"]
         grouped4 = {"group_rows": 4, "length_aware": True, "fill_tail": False}
         report = compile_for(target, kernel, _BF16_SIGNATURE, decode, variant=COMPARISON_GROUPS_OF_4,
                              **bf16_constexprs(module, decode, **grouped4))
@@ -291,7 +290,6 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
                 compile_for(target, kernel, _BF16_SIGNATURE, config, variant="sweep",
                             **bf16_constexprs(module, config, **plain))
             )
-        decode = module.CONFIGS["decode"]
         reports.append(
             compile_for(
                 target,
@@ -304,7 +302,6 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
             )
         )
     if "sm90" in targets:
-        decode = module.CONFIGS["decode"]
         reports.append(
             compile_for("sm90", fp8_twin._fp8_paged_mqa_logits_twin_kernel, _TWIN_SIGNATURE, decode, variant="fp8 twin")
         )

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verify import platform as P
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "verify" / "results" / "h200" / "bench"
 README = ROOT / "README.md"
@@ -282,7 +284,7 @@ def mtp_table(art: Artifacts) -> list[str]:
 
 
 # An H100/H200 SM's shared memory and what the runtime reserves per resident block.
-SM_SHARED_BYTES = 228 * 1024
+SM_SHARED_BYTES = P.SHARED_MEMORY["sm90"][1]
 BLOCK_RESERVED_BYTES = 1024
 
 

@@ -296,8 +296,8 @@ class Arm:
                 problems.append(f"flag on but fp8 path ran: {fp8 + [o for o in other if o == 'gather_nonpaged']}")
             if run != "graph" and "score_bf16" not in scorer:
                 problems.append("flag on but the bf16 scorer did not run")
-            grouped = f"group_rows={self.spec.draft_tokens} "
-            if mode == "target_verify" and not any(x.startswith(grouped) for x in launches):
+            grouped = f"group_rows={self.spec.draft_tokens}"
+            if mode == "target_verify" and not any(x.split()[0] == grouped for x in launches):
                 # the dispatch groups a uniform target verify's rows per request (patch 5)
                 problems.append(f"target verify with {self.spec.draft_tokens} draft tokens not scored in groups: {launches}")
         q_prod, w_prod = self.q_log[-1] if self.q_log else (None, None)

@@ -379,19 +379,18 @@ class Suite:
             "", Status.PASS if ok else Status.FAIL, _fmt(details, skip=("upstream_route",)), details
         )
 
-    def grouped_config(self, group_rows: int, profile: str) -> Any:
-        """The launch config the kernel module selects for groups on ``profile``'s GPU (its shared
-        memory, verify.platform.SHARED_MEMORY)."""
-        shared = self.module.SharedMemory(*P.SHARED_MEMORY[profile])
+    def grouped_config(self, group_rows: int, profile: str | None = None) -> Any:
+        """The launch config the kernel module selects for groups of 64-head rows on ``profile``'s
+        GPU (its shared memory, verify.platform.SHARED_MEMORY), or on this device."""
+        shared = (P.kernel_shared_memory(self.module, profile) if profile
+                  else self.module._device_shared_memory(self.s.device))
         return self.module.select_config(1, 0, 64, group_rows, shared)
 
     def other_gpu_group_configs(self) -> list[tuple[int, str]]:
         """(group_rows, profile) for each GPU whose grouped config differs from this device's."""
-        local = self.module._device_shared_memory(self.s.device)
         out = []
         for group_rows in self.s.groups:
-            here = self.module.select_config(1, 0, 64, group_rows, local)
-            seen = {here}
+            seen = {self.grouped_config(group_rows)}
             for profile in P.SHARED_MEMORY:
                 config = self.grouped_config(group_rows, profile)
                 if config not in seen:
@@ -423,8 +422,7 @@ class Suite:
         ]
         metrics["rerun_differing"] = differing
         metrics["rows"] = case.rows
-        used = config or self.module.select_config(
-            1, 0, 64, group_rows, self.module._device_shared_memory(self.s.device))
+        used = config or self.grouped_config(group_rows)
         metrics["config"] = {k: getattr(used, k) for k in ("block_n", "num_warps", "num_stages")}
         ok = metrics["ok"] and not differing and metrics["calc_diff_vs_one_row_at_a_time"] <= CALC_DIFF_MAX
         result = verdict(metrics, f"{case.rows} verify rows in groups of {group_rows}, {self.s.reruns} reruns")
