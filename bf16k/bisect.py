@@ -23,7 +23,7 @@ from pathlib import Path
 from bf16k import gitutil, patches, series, seriestests, upstream
 from bf16k.errors import ToolError
 from bf16k.project import Target
-from bf16k.seriestests import SERIES_TESTS, TestPython
+from bf16k.seriestests import TestPython, is_series_test
 
 
 @dataclass
@@ -108,8 +108,9 @@ class _Checker:
             if error:
                 step.problems.append(f"import {module} fails: {error}")
         step.notes.append(f"imported {len(wanted)} touched module(s)")
-        if run_tests and (repo / SERIES_TESTS).is_dir():
-            result = seriestests.run(self.python, repo, extra=["-x"])
+        tests = [f for f in present if is_series_test(f)]
+        if run_tests and tests:
+            result = seriestests.run(self.python, repo, select=tests, extra=["-x"])
             if not result.ok:
                 step.failures = result.failures
                 step.problems.append(f"series tests fail: {result.summary()}\n{result.output[-3000:]}")

@@ -52,15 +52,20 @@ def cmd_tests(ns: argparse.Namespace, rest: list[str]) -> int:
     if ns.upstream is not None:  # one release's tree, its series tests only (never mixed with another)
         python = seriestests.find_python(t.root, sys.executable)
         version = t.version or t.load_pin().version
-        print(f"series tests on sglang {version} ({t.upstream_dir}): {seriestests.SERIES_TESTS}", flush=True)
+        found = seriestests.series_test_files(t.upstream_dir)
+        print(f"series tests on sglang {version} ({t.upstream_dir}): {len(found)} file(s)", flush=True)
         # Paths (in that tree) select tests; everything else is a pytest option (-k expr, -x, ...).
         paths = [a for a in rest if not a.startswith("-") and (t.upstream_dir / a).exists()]
         options = [a for a in rest if a not in paths]
         result = seriestests.run(python, t.upstream_dir, select=paths or None, extra=options, stream=True)
         print(f"sglang {version}: {result.summary()}")
         return 0 if result.ok else 1
-    targets = rest or ["tests", f"{t.upstream_dir.name}/{seriestests.SERIES_TESTS}"]
-    return subprocess.run([sys.executable, "-m", "pytest", *targets], cwd=t.root, check=False).returncode
+    # Paths choose what runs (default: the project's tests and the series' own); options pass on.
+    paths = [a for a in rest if not a.startswith("-") and (t.root / a.split("::")[0]).exists()]
+    options = [a for a in rest if a not in paths]
+    series_tests = [f"{t.upstream_dir.name}/{p}" for p in seriestests.series_test_files(t.upstream_dir)]
+    targets = paths or ["tests", *series_tests]
+    return subprocess.run([sys.executable, "-m", "pytest", *targets, *options], cwd=t.root, check=False).returncode
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

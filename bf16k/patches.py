@@ -383,11 +383,14 @@ def check(t: Target, *, source: str = "auto", wheel_file: Path | None = None) ->
     pin = t.load_pin()
     report.problems += series.hygiene(t.series_dir)
     names = series.read_order(t.series_dir)
+    created: set[str] = set()  # out-of-wheel files earlier patches added
     for name in names:
         path = t.series_dir / name
         if path.is_file():
             try:
-                report.problems += series.lint(series.parse_patch(path))
+                info = series.parse_patch(path)
+                report.problems += series.lint(info, created)
+                created |= {f for f in info.new_files if series.outside_wheel(f)}
             except ToolError as exc:
                 report.problems.append(str(exc))
     report.problems += check_gitlink(t, pin)

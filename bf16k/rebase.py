@@ -986,7 +986,7 @@ def _verify(root: Path, repo: Path, state: dict[str, Any]) -> Outcome | None:
         return Outcome(Stop(-1, len(state["names"]), "", "", [], [], False, "", kind="tests"), text)
     commits, names = _carried_commits(repo, state)
     verified: dict[str, Any] = {"tests": "no series tests", "tests_seconds": 0, "bisect": "", "bisect_seconds": 0}
-    if (repo / seriestests.SERIES_TESTS).is_dir():
+    if seriestests.series_test_files(repo, state["new_base"]):
         mode = "CUDA" if python.cuda else "CPU, TRITON_INTERPRET=1"
         print(f"series tests on {where} ({mode}, {python.path}) ...", flush=True)
         failing = list(state.get("failing") or [])
@@ -994,7 +994,7 @@ def _verify(root: Path, repo: Path, state: dict[str, Any]) -> Outcome | None:
             quick = seriestests.run(python, repo, select=failing)
             if quick.collected and quick.failures:
                 return _tests_stop(root, repo, state, python, quick, commits, names)
-        result = seriestests.run(python, repo)
+        result = seriestests.run(python, repo, base=state["new_base"])
         if not result.ok:
             return _tests_stop(root, repo, state, python, result, commits, names)
         print(f"series tests: {result.summary()}", flush=True)
@@ -1106,7 +1106,7 @@ def _bisect_stop(
         lines += _failure_lines(root, repo, state, python, step.failures, _owners(repo, commits, names))
     else:
         lines += ["  " + ln for p in step.problems for ln in p.splitlines()[:20]]
-    lines += _fix_lines(root, repo, python, state["failing"] or [seriestests.SERIES_TESTS])
+    lines += _fix_lines(root, repo, python, state["failing"] or seriestests.series_test_files(repo, state["new_base"]))
     lines.insert(-4, f"     (the fix belongs in patch {step.index + 1} or an earlier one)")
     return Outcome(Stop(step.index, len(names), step.name, "", [], [], False, "", kind="bisect"), "\n".join(lines))
 

@@ -1,7 +1,8 @@
 """The series' own upstream-style tests, run on an applied tree (pinned or carried).
 
-The tests live in the tree they test (``python/sglang/test/dsv4_bf16_index_k``) and import
-``sglang`` from it, so one run covers one tree. They need a Python with torch, triton and pytest
+The tests live in the tree they test, where upstream keeps its own (``test/registered/...``), and
+import ``sglang`` from it, so one run covers one tree. They are the test files the applied series
+adds (``is_series_test``): a real upstream checkout holds thousands of others. They need a Python with torch, triton and pytest
 (the ``tests`` venv); the git-only sessions (``rebase``, ``rebase_check``) run in nox's own
 interpreter, so they find one: ``--python``, else ``BF16K_TEST_PYTHON``, else the running
 interpreter, else a venv nox built under ``.nox/``. Without CUDA, Triton kernels run under its
@@ -24,9 +25,15 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bf16k import gitutil
 from bf16k.errors import ToolError
 
-SERIES_TESTS = "python/sglang/test/dsv4_bf16_index_k"
+# The ref `apply` records the upstream base in (bf16k.upstream.BASE_REF; not imported, to keep
+# this module free of the upstream-obtaining code).
+BASE_REF = "refs/patches/upstream-head"
+
+# Where upstream keeps tests: its registered suites, and the shipped sglang.test package.
+TEST_ROOTS = ("test/", "python/sglang/test/")
 PYTHON_ENV = "BF16K_TEST_PYTHON"
 JOBS_ENV = "BF16K_TEST_JOBS"
 _PROBE = (
@@ -34,6 +41,22 @@ _PROBE = (
     "print(json.dumps({'cuda': bool(torch.cuda.is_available())}))\n"
 )
 _CUDA_HOME = "/usr/local/cuda"
+
+
+def is_series_test(path: str) -> bool:
+    """Whether a tree-relative path is a pytest file in upstream's test folders."""
+    name = path.rsplit("/", 1)[-1]
+    return path.startswith(TEST_ROOTS) and name.startswith("test_") and name.endswith(".py")
+
+
+def series_test_files(repo: Path, base: str | None = None) -> list[str]:
+    """The test files the applied series adds to ``repo`` (``base..HEAD``; by default since the
+    base ``apply`` records), tree-relative and sorted; [] when there is no such base."""
+    ref = base or BASE_REF
+    if gitutil.git(["rev-parse", "--verify", "-q", f"{ref}^{{commit}}"], repo, check=False).returncode:
+        return []
+    added = gitutil.out(["diff", "--name-only", "--no-renames", "--diff-filter=A", ref, "HEAD"], repo)
+    return sorted(p for p in added.splitlines() if is_series_test(p) and (repo / p).is_file())
 
 
 @dataclass(frozen=True)
@@ -120,7 +143,7 @@ def find_python(root: Path, given: str | None = None) -> TestPython:
 
 @dataclass
 class Failure:
-    nodeid: str  # relative to the tree: python/sglang/test/.../test_x.py::test_y[param]
+    nodeid: str  # relative to the tree: test/registered/.../test_x.py::test_y[param]
     message: str  # the first line pytest gives for it
     text: str = ""  # the whole report (traceback included)
 
@@ -155,8 +178,8 @@ class TestRun:
         return text + f" in {self.seconds:.0f} s"
 
 
-def _command(python: TestPython, repo: Path, junit: Path, select: list[str] | None, extra: list[str]) -> list[str]:
-    targets = select or [SERIES_TESTS]
+def _command(python: TestPython, repo: Path, junit: Path, select: list[str], extra: list[str]) -> list[str]:
+    targets = select
     # -c /dev/null with --rootdir: node ids relative to the tree, no product ini, no cache dir.
     return [
         python.path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
@@ -199,7 +222,7 @@ class _Job:
 
 
 def _start(
-    python: TestPython, repo: Path, tmp: Path, select: list[str] | None, extra: list[str], stream: bool = False
+    python: TestPython, repo: Path, tmp: Path, select: list[str], extra: list[str], stream: bool = False
 ) -> _Job:
     tmp.mkdir(parents=True, exist_ok=True)
     junit, log = tmp / "junit.xml", tmp / "pytest.log"
@@ -230,9 +253,12 @@ def run(
     select: list[str] | None = None,
     extra: list[str] | None = None,
     stream: bool = False,
+    base: str | None = None,
 ) -> TestRun:
-    """Run the series' tests (or ``select``ed node ids) on ``repo``; never raises on failures."""
-    if not select and not (repo / SERIES_TESTS).is_dir():
+    """Run the series' tests (those the series adds on ``base``, or ``select``ed node ids) on
+    ``repo``; never raises on failures."""
+    select = select or series_test_files(repo, base)
+    if not select:
         return TestRun(repo, absent=True)
     with tempfile.TemporaryDirectory(prefix="bf16k-tests-") as tmp:
         return _finish(_start(python, repo, Path(tmp), select, extra or [], stream))
@@ -248,10 +274,11 @@ def run_many(python: TestPython, repos: list[Path]) -> list[TestRun]:
         while pending or running:
             while pending and len(running) < jobs_max:
                 i, repo = pending.pop(0)
-                if not (repo / SERIES_TESTS).is_dir():
+                tests = series_test_files(repo)
+                if not tests:
                     results[repo] = TestRun(repo, absent=True)
                     continue
-                running.append(_start(python, repo, Path(tmp) / str(i), None, []))
+                running.append(_start(python, repo, Path(tmp) / str(i), tests, []))
             if not running:
                 continue
             job = running.pop(0)
@@ -267,7 +294,7 @@ import json, os, sys, threading
 import pytest
 
 _ROOT = os.environ["BF16K_TRACE_ROOT"]
-_SKIP = os.environ["BF16K_TRACE_SKIP"]
+_SKIP = tuple(os.environ["BF16K_TRACE_SKIP"].split(os.pathsep))
 _seen = set()
 
 
@@ -312,7 +339,7 @@ def executed(python: TestPython, repo: Path, nodeids: list[str]) -> dict[str, di
         env = python.env(repo)
         env["PYTHONPATH"] = os.pathsep.join([str(repo / "python"), str(d)])
         env["BF16K_TRACE_ROOT"] = str(repo.resolve()) + os.sep
-        env["BF16K_TRACE_SKIP"] = str((repo / SERIES_TESTS).resolve()) + os.sep
+        env["BF16K_TRACE_SKIP"] = os.pathsep.join(str((repo / r).resolve()) + os.sep for r in TEST_ROOTS)
         env["BF16K_TRACE_OUT"] = str(out)
         cmd = [
             python.path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
