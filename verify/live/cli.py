@@ -25,11 +25,9 @@ import platform
 import shlex
 import signal
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 
 import openai
 
@@ -324,20 +322,46 @@ def write_failed_start(cfg: RunConfig, verdict: str, exit_code: int, message: st
         print(f"verify.live: could not write the outcome to {cfg.out_dir}: {e}", file=sys.stderr)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C would be, so the run stops the same way and reports."""
+async def run_until_sigterm(cfg: RunConfig, result: RunResult) -> bool:
+    """run(), cancelled on SIGTERM the way asyncio cancels it on Ctrl-C (a handler raising inside
+    the loop would leave requests that never finish). True: it ran to the end."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    terminated = False
 
+    def stop() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
 
-@contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    loop.add_signal_handler(signal.SIGTERM, stop)
     try:
-        yield
+        await run(cfg, result)
+    except asyncio.CancelledError:
+        if not terminated:
+            raise  # Ctrl-C: asyncio turns it into KeyboardInterrupt
+        return False
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        loop.remove_signal_handler(signal.SIGTERM)
+    return True
+
+
+def interrupted(cfg: RunConfig, result: RunResult, command: str, sig: signal.Signals) -> int:
+    """Report what was measured until the signal (an INCOMPLETE run), with the signal's exit code."""
+    code = INTERRUPT_EXIT[sig]
+    why = f"interrupted by {sig.name}; rerun the same command to resume"
+    if result.target is None:
+        write_failed_start(cfg, "INCOMPLETE", code, f"{why} (before the plan was made)", command)
+    else:
+        result.aborted = why
+        write_outputs(cfg, result, command, exit_code=code)
+    print(
+        f"verify.live: {why}; results so far are in {cfg.out_dir / REQUESTS_FILE}, the report in "
+        f"{cfg.out_dir / 'report.md'}",
+        file=sys.stderr,
+    )
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,8 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "matplotlib is not installed, and the heatmaps need it: pip install '.[live]' (the live "
                 "tier's extra), or pass --no-plots"
             )
-        with sigterm_interrupts():
-            asyncio.run(run(cfg, result))
+        finished = asyncio.run(run_until_sigterm(cfg, result))
     except SetupError as e:
         print(f"verify.live: error: {e}", file=sys.stderr)
         write_failed_start(cfg, "SETUP ERROR", SETUP_ERROR_EXIT, str(e), command)
@@ -363,21 +386,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"verify.live: could not start: {e}; rerun the same command: {command}", file=sys.stderr)
         write_failed_start(cfg, "INCOMPLETE", VERDICT_EXIT["INCOMPLETE"], str(e), command)
         return VERDICT_EXIT["INCOMPLETE"]
-    except KeyboardInterrupt as e:
-        sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
-        code = INTERRUPT_EXIT[sig]
-        why = f"interrupted by {sig.name}; rerun the same command to resume"
-        if result.target is None:
-            write_failed_start(cfg, "INCOMPLETE", code, f"{why} (before the plan was made)", command)
-        else:
-            result.aborted = why
-            write_outputs(cfg, result, command, exit_code=code)
-        print(
-            f"verify.live: {why}; results so far are in {cfg.out_dir}/{REQUESTS_FILE}, the report in "
-            f"{cfg.out_dir / 'report.md'}",
-            file=sys.stderr,
-        )
-        return code
+    except KeyboardInterrupt:
+        return interrupted(cfg, result, command, signal.SIGINT)
+    if not finished:
+        return interrupted(cfg, result, command, signal.SIGTERM)
     ev = write_outputs(cfg, result, command)
     for c in ev.checks:
         print(
