@@ -470,10 +470,12 @@ def _problems_section(ev: Evaluation, profiles: dict[str, ServerProfile]) -> lis
     for arm, by_state in sorted(reasoning.items()):
         cut = by_state.get(ERROR, 0)
         scored = by_state.get(PASS, 0) + by_state.get(FAIL, 0)
+        other = sum(by_state.values()) - cut - scored
         out.append(
             f"- {sum(by_state.values())} answers on {arm} came with reasoning content although thinking was off "
             f"(check chat_template_kwargs and --reasoning-parser): {scored} complete and scored as answers "
             f"({by_state.get(FAIL, 0)} wrong), {cut} cut at max_tokens (the `reasoning_with_thinking_off` errors)"
+            + (f", {other} not scored for another reason (above)" if other else "")
         )
     for arm, n in sorted(followups.items()):
         out.append(
