@@ -149,11 +149,11 @@ def test_a_signal_reports_what_was_measured_and_the_rerun_resumes_exactly(
     o = outcome(tmp_path)
     assert o["exit_code"] == code and o["verdict"] == "INCOMPLETE" and sig.name in o["aborted"]
     assert f"interrupted by {sig.name}" in (tmp_path / "report.md").read_text()
-    done = len(records(tmp_path))
-    assert 2 <= done < 9 and done == len(chats(srv))  # every answer the server gave is on disk
+    done, received = len(records(tmp_path)), len(chats(srv))
+    assert 2 <= done < 9 and received - done in (0, 1)  # only the request in flight went unrecorded
     srv.cfg.delay_s = 0.0
     assert run_cli(tmp_path, srv, *args) == 0
-    assert len(chats(srv)) == 9  # exactly the missing requests were sent
+    assert len(chats(srv)) - received == 9 - done  # exactly the missing requests were sent
     assert len(records(tmp_path)) == 9
 
 
