@@ -123,10 +123,11 @@ def resolve_target(
                 "--context-length."
             )
     if target <= CONTROL_MAX:
+        why = "--target-length" if explicit is not None else "the longest planned length the server holds"
         raise SetupError(
-            f"the gate target would be {target:,} tokens ({'--target-length' if explicit else 'the longest planned length the server holds'}): "
-            f"only controls, where DeepSeek-V4's indexer selects every key, so nothing would test the index keys. "
-            f"Plan a length past {CONTROL_MAX:,} ({listed}) within the server's context."
+            f"the gate target would be {target:,} tokens ({why}): only controls, where DeepSeek-V4's indexer "
+            f"selects every key, so nothing would test the index keys. Plan a length past {CONTROL_MAX:,} "
+            f"({listed}) within the server's context."
         )
     return TargetPlan(explicit, limit, target, gate_scenarios)
 

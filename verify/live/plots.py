@@ -69,7 +69,8 @@ def square_look(counts: Counter[str]) -> tuple[float | None, str, str | None]:
 
 def legend_entries(texts: dict[tuple[int, int], str], delta: bool) -> list[tuple[str, str]]:
     """(colour, label) for every letter the map draws: alone in a square, or as '+X' under a rate."""
-    alone = {t for t in texts.values() if "\n" not in t and not t[:1].isdigit() and not t[:1] in "+-"}
+    letters = {letter for _, letter in STATE_STYLE.values()}
+    alone = {t for t in texts.values() if t in letters}
     under = {ch for t in texts.values() if "\n+" in t for ch in t.split("\n+", 1)[1]}
     out = []
     for state, (colour, letter) in STATE_STYLE.items():

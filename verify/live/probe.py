@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, TypeVar
 
 from verify.live.client import ArmClient, ChatResult, RequestFailure, Sampling, classify_status
@@ -118,7 +119,8 @@ class ServerProfile:
         """A server_info value where the server puts it: top level, else nested (per-DP states)."""
         return info_value(self.server_info, key)
 
-    def identity(self) -> dict[str, Any]:
+    @cached_property
+    def _identity(self) -> dict[str, Any]:
         """Who this server is, as far as it says: a resumed run must find the same (store.py)."""
         info = self.server_info or {}
         args = {k: v for k, v in info.items() if k not in VOLATILE_INFO_FIELDS}
@@ -132,6 +134,9 @@ class ServerProfile:
             "index_k_format": self.index_k_format,
             "launch": f"startup_time {_digest(launch)}" if launch is not None else None,
         }
+
+    def identity(self) -> dict[str, Any]:
+        return dict(self._identity)  # server_info does not change once read: digested once
 
     def max_prompt_tokens(self, max_tokens: int) -> int | None:
         """Largest prompt this server accepts with `max_tokens` to generate.
