@@ -203,14 +203,19 @@ def test_server_dying_mid_run_keeps_results_and_resume_finishes(
     assert "> **PASS, qualified:** the server's records span 2 launches of the server" in report
 
 
-def test_unreachable_server_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_server_is_a_clear_error(
+    tmp_path: Path, fake_server: StartFake, capsys: pytest.CaptureFixture[str]
+) -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
-    rc = run_cli(tmp_path, f"http://127.0.0.1:{port}", *sweep_args([1024]))
+    rc = run_cli(tmp_path, f"http://127.0.0.1:{port}", *sweep_args([1024, 3000]))
     err = capsys.readouterr().err
     assert rc == 2 and "cannot reach the server under test at" in err and "Is SGLang running" in err
+    assert outcome(tmp_path)["verdict"] == "SETUP ERROR" and "cannot reach" in outcome(tmp_path)["error"]
+    # The failed start left only its outcome: the folder is not "measured under other settings".
+    assert run_cli(tmp_path, fake_server(), *sweep_args([1024, 3000])) == 0
 
 
 def test_wrong_model_name_is_a_clear_error(

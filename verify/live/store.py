@@ -143,6 +143,8 @@ def check_resume(out_dir: Path, fingerprint: dict[str, Any]) -> ResumeCheck:
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return found
+    if "harness_version" not in old:
+        return found  # only the outcome of a run that never started: nothing was measured here
     for name in FINGERPRINT_FIELDS:
         if old.get(name) != fingerprint.get(name):
             found.settings.append(f"{name}: {old.get(name)!r} in {path}, {fingerprint.get(name)!r} now")
