@@ -66,7 +66,9 @@ def test_the_same_url_with_other_server_args_is_another_server(
     # Relaunched at the same URL with another setting (or a tunnel now points at another host).
     other = relaunch(fake_server, srv, server_args={"chunked_prefill_size": 2048})
     assert run_cli(tmp_path, other, *ARGS, "--accept-relaunch") == 2
-    assert "server.server_args_digest:" in capsys.readouterr().err and chats(other) == []
+    err = capsys.readouterr().err
+    assert "server.server_args_digest:" in err and chats(other) == []
+    assert "server server arg chunked_prefill_size: None before, 2048 now" in err  # which one differs
     moved = relaunch(fake_server, other, model_path="/models/another-checkpoint")
     assert run_cli(tmp_path, moved, *ARGS) == 2
     err = capsys.readouterr().err

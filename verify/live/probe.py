@@ -119,11 +119,15 @@ class ServerProfile:
         """A server_info value where the server puts it: top level, else nested (per-DP states)."""
         return info_value(self.server_info, key)
 
+    def server_args(self) -> dict[str, Any]:
+        """server_info without what changes while the server runs or at every launch."""
+        return {k: v for k, v in (self.server_info or {}).items() if k not in VOLATILE_INFO_FIELDS}
+
     @cached_property
     def _identity(self) -> dict[str, Any]:
         """Who this server is, as far as it says: a resumed run must find the same (store.py)."""
         info = self.server_info or {}
-        args = {k: v for k, v in info.items() if k not in VOLATILE_INFO_FIELDS}
+        args = self.server_args()
         launch = info.get("startup_time")
         return {
             "url": self.url,

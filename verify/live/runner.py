@@ -245,7 +245,12 @@ def fingerprint(cfg: RunConfig, arms: Sequence[Arm], counter: TokenCounter) -> d
         "max_tokens": cfg.max_tokens,
         "stream": cfg.stream,
         "arms": {
-            a.name: a.profile.identity() | {"tokenizer": counter.mode if a.name == SERVER else None}
+            # The args themselves too, so a refused resume can name the ones that differ.
+            a.name: a.profile.identity()
+            | {
+                "tokenizer": counter.mode if a.name == SERVER else None,
+                "server_args": a.profile.server_args(),
+            }
             for a in arms
         },
     }

@@ -155,10 +155,21 @@ def check_resume(out_dir: Path, fingerprint: dict[str, Any]) -> ResumeCheck:
         for name in IDENTITY_FIELDS:
             if before.get(name) != now.get(name):
                 found.identity.append(f"{arm}.{name}: {before.get(name)!r} before, {now.get(name)!r} now")
+        if before.get("server_args_digest") != now.get("server_args_digest"):
+            found.identity += _args_differ(arm, before.get("server_args") or {}, now.get("server_args") or {})
         launches = before.get("launches") or []
         if now.get(LAUNCH_FIELD) is not None and launches and now[LAUNCH_FIELD] not in launches:
             found.relaunched.append(f"{arm}: launch {now[LAUNCH_FIELD]} now, {', '.join(launches)} before")
     return found
+
+
+def _args_differ(arm: str, before: dict[str, Any], now: dict[str, Any], most: int = 8) -> list[str]:
+    """The server args behind a digest that changed, the first `most` of them."""
+    keys = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    lines = [f"  {arm} server arg {k}: {before.get(k)!r} before, {now.get(k)!r} now" for k in keys[:most]]
+    if len(keys) > most:
+        lines.append(f"  ... and {len(keys) - most} more server args")
+    return lines
 
 
 def set_aside(out_dir: Path) -> Path | None:
