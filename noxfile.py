@@ -93,6 +93,18 @@ def verify_recall(session: nox.Session) -> None:
     _in_test_env(session, "-m", "verify", *session.posargs)
 
 
+@nox.session(python=PYTHON, reuse_venv=False, tags=["verify", "ci"], default=False)
+def live_install(session: nox.Session) -> None:
+    """The live tier from its extra alone: a fresh venv, `pip install .[live]`, `python -m verify.live --help`."""
+    session.install(".[live]")  # not editable: the installed package must hold the tier
+    session.chdir(session.create_tmp())  # away from the checkout, so `verify` is the installed one
+    session.run("python", "-m", "verify.live", "--help", silent=True)
+    # The heatmaps' import works too, and the extra brought no torch with it.
+    session.run(
+        "python", "-c", "import matplotlib.pyplot, importlib.util as u; assert not u.find_spec('torch')"
+    )
+
+
 @nox.session(python=False, tags=["verify"], default=False)
 def bench(session: nox.Session) -> None:
     """Kernel benchmarks on a CUDA GPU, side by side: bf16 read vs fp8 vs naive gather; bf16 vs fp8 store."""

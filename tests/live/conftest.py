@@ -11,11 +11,12 @@ from tests.live.fake_server import FakeConfig, FakeServer
 
 @pytest.fixture
 def fake_server() -> Iterator[Callable[..., FakeServer]]:
-    """`fake_server(recall_last=3000, ...)` starts a server; all are stopped after the test."""
+    """`fake_server(recall_last=3000, ...)` starts a server; all are stopped after the test.
+    `fake_server(port=old.port, ...)` relaunches one at a stopped server's URL (a new launch)."""
     started: list[FakeServer] = []
 
-    def start(**kwargs: object) -> FakeServer:
-        server = FakeServer(FakeConfig(**kwargs)).start()  # type: ignore[arg-type]
+    def start(port: int = 0, **kwargs: object) -> FakeServer:
+        server = FakeServer(FakeConfig(**kwargs), port=port).start()  # type: ignore[arg-type]
         started.append(server)
         return server
 

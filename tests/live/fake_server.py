@@ -8,15 +8,21 @@ So a test knows exactly where recall must break and can check that the harness r
 Also: a crude deterministic tokenizer (`chars_per_token` characters per token, or "mixed": letters
 in chunks of 4, every digit and punctuation mark one token, so an INI file of UUIDs costs about
 twice the tokens per character of prose, as with a real BPE), SGLang-style `/v1/tokenize`,
-`/get_server_info` (with `dsv4_index_k_format`), context-length errors, silent truncation, delays,
-and a server that stops after N completions.
+`/server_info` and `/get_server_info` (resolved server args flat at the top level, the index-K
+format under the field a series or upstream server reports it in, `startup_time` per launch,
+per-DP `internal_states`), context-length errors, silent truncation (of the tail, a few tokens at
+the front, or a few in the middle), delays, and a server that stops after N completions.
 
 Ordinary deployment faults, each switched on by one field and counted by request so a test knows
 exactly which requests hit it (no timing involved): rate limits on tokenize and chat (429 with
-Retry-After, or any status), usage dropped from the stream or from every answer, stalls (held until
-the client gives up or the server stops), a connection dropped mid-stream, and reasoning content
-returned although thinking is off (spending the answer's max_tokens, as a template that ignores
+Retry-After, or any status), the same on the start-up probes, usage dropped from the stream or
+from every answer, stalls (held until the client gives up or the server stops; also only the
+non-streamed usage follow-ups), a connection dropped mid-stream, and reasoning content returned
+although thinking is off (spending the answer's max_tokens, as a template that ignores
 thinking=false does).
+
+Every completion is logged with what the fake received and read (`prompt_tokens`, `sent_tokens`),
+so a test can check the harness's record of a request against the server's own.
 """
 
 from __future__ import annotations
@@ -51,9 +57,20 @@ class FakeConfig:
     advertised_max_model_len: int | None = None  # what /v1/models and server info claim
     recall_last: int | None = None  # None: sees everything
     recall_first: int = 0
-    index_k_format: str | None = "bf16"  # None: the field is absent (an unpatched server)
+    index_k_format: str | None = "bf16"  # None: no format field and no flag (a server that says nothing)
+    # Where the format is reported: "dtype" (the series' resolved server arg
+    # deepseek_v4_indexer_k_dtype), "legacy" (an older series: dsv4_index_k_format and
+    # enable_deepseek_v4_bf16_index_k), "upstream" (only enable_deepseek_v4_fp4_indexer).
+    format_field: str = "dtype"
+    model_path: str | None = None  # default /models/<model>
+    server_args: dict[str, Any] = field(default_factory=dict)  # more resolved args, at the top level
+    expose_startup_time: bool = True  # SGLang's per-launch startup_time record
+    nest_max_total_num_tokens: bool = False  # under internal_states (per DP), as some versions put it
     tokenize: bool = True
     truncate_to: int | None = None  # keep only the first N tokens, like --allow-auto-truncate
+    truncate_front: int = 0  # drop this many tokens from the start of prompts over truncate_over
+    truncate_middle: int = 0  # drop this many tokens from the middle of prompts over truncate_over
+    truncate_over: int = 1000
     delay_s: float = 0.0
     delay_from: int = 0  # completions served before the delay starts (the harness probes once first)
     die_after: int | None = None  # shut down after serving this many completions
@@ -64,12 +81,14 @@ class FakeConfig:
     # Faults, by request count. Chat requests are numbered from 1 in arrival order; the first
     # `faults_after` of them (the harness's start-up probes) never fault.
     faults_after: int = 1
+    probe_errors: int = 0  # the first N 1-token requests (start-up probes) answer chat_error_status
     chat_error_every: int | None = None  # every k-th chat request (after faults_after) answers...
     chat_error_status: int = 429  # ...with this status
     tokenize_error_every: int | None = None  # every k-th tokenize request answers...
     tokenize_error_status: int = 429  # ...with this status
     retry_after: str | None = "0.05"  # Retry-After header of those answers (None: no header)
     stall_every: int | None = None  # every k-th chat request is held until the client gives up
+    stall_non_stream: bool = False  # every non-streamed request but the probes is held (usage follow-ups)
     reset_every: int | None = None  # every k-th streamed chat request drops the connection mid-stream
     usage_in_response: bool = True  # False: no usage in non-streamed answers either
     reasoning_when_off: int = 0  # tokens of reasoning_content sent with thinking off
@@ -87,7 +106,12 @@ class FakeState:
     stopping: bool = False
     inflight: int = 0
     max_inflight: int = 0
+    probes: int = 0  # 1-token requests seen
     server: uvicorn.Server | None = None
+    # This launch's start-up record (SGLang reports durations measured at each start).
+    startup_time: dict[str, float] = field(
+        default_factory=lambda: {"load_weight": round(time.time() % 1000, 6), "scheduler_e2e": 1.0}
+    )
 
     @property
     def dead(self) -> bool:
@@ -202,21 +226,35 @@ def make_app(state: FakeState) -> FastAPI:
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def server_info() -> dict[str, Any]:
+        internal: dict[str, Any] = {"last_gen_throughput": round(time.time() % 7, 3)}  # changes per call
         info: dict[str, Any] = {
             "version": "0.0.0-fake",
-            "model_path": f"/models/{cfg.model}",
+            "model_path": cfg.model_path or f"/models/{cfg.model}",
             "served_model_name": cfg.model,
             "context_length": advertised(),
-            "max_total_num_tokens": 200000,
             "page_size": 64,
             "tp_size": 1,
             "dp_size": 1,
             "disable_radix_cache": False,
+            "random_seed": round(state.startup_time["load_weight"] * 1000),  # SGLang picks one per launch
             "launch_command": "fake_server",
-            "internal_states": [{"last_gen_throughput": 0.0}],
+            **cfg.server_args,
+            "internal_states": [internal],
         }
-        if cfg.index_k_format is not None:
-            info["dsv4_index_k_format"] = cfg.index_k_format
+        (internal if cfg.nest_max_total_num_tokens else info)["max_total_num_tokens"] = 200000
+        if cfg.expose_startup_time:
+            info["startup_time"] = state.startup_time
+        fmt = cfg.index_k_format
+        if fmt is not None and cfg.format_field == "dtype":
+            info |= {"deepseek_v4_indexer_k_dtype": fmt, "enable_deepseek_v4_fp4_indexer": fmt == "fp4"}
+        elif fmt is not None and cfg.format_field == "legacy":
+            info |= {
+                "dsv4_index_k_format": fmt,
+                "enable_deepseek_v4_bf16_index_k": fmt == "bf16",
+                "enable_deepseek_v4_fp4_indexer": fmt == "fp4",
+            }
+        elif fmt is not None and cfg.format_field == "upstream":
+            info["enable_deepseek_v4_fp4_indexer"] = fmt == "fp4"
         return info
 
     def fault_response(status: int, where: str) -> JSONResponse:
@@ -260,17 +298,23 @@ def make_app(state: FakeState) -> FastAPI:
             await asyncio.Event().wait()
         state.chat_calls += 1
         state.arrivals.append(("chat", time.monotonic()))
+        body = await request.json()
+        probe = int(body.get("max_tokens") or 64) == 1
+        if probe:
+            state.probes += 1
+            if state.probes <= cfg.probe_errors:
+                return fault_response(cfg.chat_error_status, "probe")
         k = state.chat_calls - cfg.faults_after
         if k > 0 and cfg.chat_error_every and k % cfg.chat_error_every == 0:
             return fault_response(cfg.chat_error_status, "chat")
-        if k > 0 and cfg.stall_every and k % cfg.stall_every == 0:
+        stall = cfg.stall_non_stream and not probe and not body.get("stream")
+        if stall or (k > 0 and cfg.stall_every and k % cfg.stall_every == 0):
             # Held until the client gives up (its timeout) or the fake stops: no timing race.
             state.faults.append({"endpoint": "chat", "status": "stall", "time": time.monotonic()})
             while not state.stopping:
                 await asyncio.sleep(0.02)
             return JSONResponse({"message": "stopped"}, status_code=503)
         reset = bool(k > 0 and cfg.reset_every and k % cfg.reset_every == 0)
-        body = await request.json()
         if body.get("model") != cfg.model:
             return JSONResponse(
                 {
@@ -286,10 +330,16 @@ def make_app(state: FakeState) -> FastAPI:
         messages = body["messages"]
         text = render(messages, body.get("tools"), thinking)
         toks = Tokens(text, cfg)
-        n = toks.count
+        n = sent = toks.count
         max_tokens = int(body.get("max_tokens") or 64)
+        cut = cfg.truncate_front + cfg.truncate_middle
         if cfg.truncate_to is not None and n > cfg.truncate_to:
             text, n = text[: toks.chars_of_first(cfg.truncate_to)], cfg.truncate_to
+        elif cut and n > cfg.truncate_over:
+            # A proxy or template step losing a few tokens: the model reads what is left.
+            start = 0 if cfg.truncate_front else n // 2 - cut // 2
+            text = text[: toks.chars_of_first(start)] + text[toks.chars_of_first(start + cut) :]
+            n = count_tokens(text, cfg)
         elif n >= cfg.max_model_len or n + max_tokens > cfg.max_model_len:
             return JSONResponse(
                 {
@@ -319,7 +369,8 @@ def make_app(state: FakeState) -> FastAPI:
         state.log.append(
             {
                 "model": body.get("model"),
-                "prompt_tokens": n,
+                "prompt_tokens": n,  # what the fake read (after any truncation)
+                "sent_tokens": sent,  # what it was sent
                 "stream": bool(body.get("stream")),
                 "temperature": body.get("temperature"),
                 "top_p": body.get("top_p"),
@@ -405,12 +456,13 @@ def make_app(state: FakeState) -> FastAPI:
 class FakeServer:
     """Runs the app with uvicorn in a thread on 127.0.0.1 and a free port."""
 
-    def __init__(self, cfg: FakeConfig) -> None:
+    def __init__(self, cfg: FakeConfig, port: int = 0) -> None:
+        """`port`: 0 for a free one, or a stopped fake's port to relaunch a server at the same URL."""
         self.state = FakeState(cfg)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", port))
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(
             make_app(self.state),
@@ -450,7 +502,7 @@ class FakeServer:
             setattr(self.state.cfg, f.name, getattr(fresh, f.name))
         st = self.state
         st.log, st.faults, st.arrivals = [], [], []
-        st.served = st.chat_calls = st.tokenize_calls = st.inflight = st.max_inflight = 0
+        st.served = st.chat_calls = st.tokenize_calls = st.inflight = st.max_inflight = st.probes = 0
         return self
 
     def stop(self) -> None:

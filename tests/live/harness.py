@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,11 +42,37 @@ def sweep_args(lengths: Sequence[int], depths: Sequence[float] = (0, 50, 100), *
 
 
 def records(out: Path) -> list[dict[str, Any]]:
+    """Every line of requests.jsonl as written: what was observed, no states."""
     return [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines() if line.strip()]
 
 
 def latest(out: Path) -> dict[str, dict[str, Any]]:
     return {r["key"]: r for r in records(out)}
+
+
+def judged(out: Path) -> list[dict[str, Any]]:
+    """Each recorded request's latest observation with its state as the CLI judged it for its
+    report (states.csv): `state`, `kind`, `reason`, `faults`, and `passed`."""
+    obs = latest(out)
+    rows = list(csv.DictReader((out / "states.csv").read_text().splitlines()))
+    return [
+        obs[row["key"]]
+        | {
+            "state": row["state"],
+            "kind": row["kind"],
+            "reason": row["reason"],
+            "faults": row["faults"].split(),
+            "passed": row["state"] == "pass",
+        }
+        for row in rows
+        if row["key"] in obs
+    ]
+
+
+def relaunch(start: StartFake, old: FakeServer, **cfg: Any) -> FakeServer:
+    """Stop `old` and launch a new fake at its URL (same port): another launch of 'the same' server."""
+    old.stop()
+    return start(port=old.port, **cfg)
 
 
 def chats(server: FakeServer) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""The live tier's documentation states what the code does: exit codes, states, retry defaults.
+"""The live tier's documentation states what the code does: exit codes, states, retry defaults,
+the options a verdict or a resume depends on, and the extra that installs the tier.
 
 Both READMEs quote these figures to operators deciding a rollout; read from the real parser,
 policy and verdict table, so changing a default or an exit code without the docs fails here.
@@ -12,13 +13,14 @@ from pathlib import Path
 from verify.live import cli
 from verify.live.config import RunConfig
 from verify.live.gate import SETUP_ERROR_EXIT, VERDICT_EXIT
+from verify.live.probe import UNKNOWN_FORMAT, VOLATILE_INFO_FIELDS
 from verify.live.runner import (
     TIMEOUT_BASE_S,
     TIMEOUT_PER_OUTPUT_TOKEN_S,
     TIMEOUT_PER_PROMPT_TOKEN_S,
     request_timeout,
 )
-from verify.live.states import ERROR_KINDS, STATES
+from verify.live.states import ERROR_KINDS, STATES, UNCHECKED_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVE_README = ROOT / "verify" / "live" / "README.md"
@@ -65,3 +67,34 @@ def test_retry_and_timeout_defaults_are_the_documented_ones() -> None:
     cfg = RunConfig(out_dir=Path("x"), server_url="x")
     short, long = (round(request_timeout(cfg, n, 64)) for n in (1024, 65536))
     assert f"about {short} s at 1K tokens, {long} s at 64K" in doc
+
+
+def test_the_live_tier_section_names_the_extra_the_format_check_and_what_a_resume_refuses() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = " ".join(readme[readme.index("## Deploying with the patched wheel") :].split("## ")[1].split())
+    assert "pip install '.[live]'" in section and "--expect-format bf16|fp8|fp4" in section
+    assert "a resume refuses an `--out` folder of other settings or of another server" in section
+    for option in ("--accept-relaunch", "--restart", "--baseline-expect-format"):
+        assert option in section
+    # The extra the README installs is the one pyproject declares.
+    assert "live = [" in (ROOT / "pyproject.toml").read_text()
+
+
+def test_every_option_a_verdict_or_a_resume_depends_on_is_documented() -> None:
+    args = cli.build_parser().parse_args(["--server", "http://h:1"])
+    doc = text(LIVE_README)
+    for option in (
+        "--expect-format",
+        "--baseline-expect-format",
+        "--restart",
+        "--accept-relaunch",
+        "--accept-calibrated",
+        "--token-tolerance",
+    ):
+        assert f"`{option}" in doc, option
+    assert f"`--token-tolerance N` allows N missing tokens (default {args.token_tolerance})" in doc
+    assert f"`{UNKNOWN_FORMAT}`" in doc
+    for field in sorted(VOLATILE_INFO_FIELDS):
+        assert f"`{field}`" in doc, field  # what a server-args digest leaves out
+    for kind in UNCHECKED_KINDS:
+        assert f"(`{kind}`" in doc, kind

@@ -23,9 +23,10 @@ from tests.live.fake_server import FakeConfig, FakeServer
 from tests.live.harness import (
     StartFake,
     chats,
+    judged,
     latest,
     outcome,
-    records,
+    relaunch,
     run_cli,
     server_states,
     sweep_args,
@@ -36,7 +37,7 @@ from verify.live.gate import OK, TargetPlan, evaluate
 from verify.live.grid import GridOptions
 from verify.live.plots import STATE_STYLE, square_look
 from verify.live.runner import plan_items, planned_record
-from verify.live.states import MEASURED
+from verify.live.states import MEASURED, Judging
 
 LENGTHS = [1024, 2048, 4509, 8000]
 DEPTHS = (0, 50, 100)
@@ -90,8 +91,8 @@ def test_tokenize_faults_without_retries_are_recorded_never_dropped(
     rc = run_cli(tmp_path, srv, *sweep_args(LENGTHS, DEPTHS), "--retries", "0")
     assert rc == 3 and gate_verdict(tmp_path) == ("INCOMPLETE", 3)
     assert_nothing_dropped(tmp_path, 12)
-    errors = [r for r in records(tmp_path) if r["state"] == "error"]
-    assert errors and {(r["error_kind"], r["stage"]) for r in errors} == {("rate_limited", "sizing")}
+    errors = [r for r in judged(tmp_path) if r["state"] == "error"]
+    assert errors and {(r["kind"], r["stage"]) for r in errors} == {("rate_limited", "sizing")}
     assert server_states(tmp_path) == {"pass": 12 - len(errors), "error": len(errors)}
     report = (tmp_path / "report.md").read_text()
     assert f"> **INCOMPLETE**: {len(errors)} of 12 gate requests have no measurement" in report
@@ -116,15 +117,15 @@ def test_rate_limited_chat_is_retried_honouring_retry_after(tmp_path: Path, fake
     assert rc == 0 and gate_verdict(tmp_path) == ("PASS", 0)
     assert server_states(tmp_path) == {"pass": 12}
     assert len(srv.state.faults) >= 3 and min(retry_gaps(srv, "chat")) >= 0.03
-    assert sum(r["attempts"] - 1 for r in records(tmp_path)) == len(srv.state.faults)
+    assert sum(r["attempts"] - 1 for r in judged(tmp_path)) == len(srv.state.faults)
 
 
 def test_rate_limited_chat_stays_retryable_on_resume(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(chat_error_every=4)
     rc = run_cli(tmp_path, srv, *sweep_args(LENGTHS, DEPTHS), "--retries", "0")
     assert rc == 3 and gate_verdict(tmp_path) == ("INCOMPLETE", 3)
-    errors = [r for r in records(tmp_path) if r["state"] == "error"]
-    assert len(errors) == 3 and {r["error_kind"] for r in errors} == {"rate_limited"}
+    errors = [r for r in judged(tmp_path) if r["state"] == "error"]
+    assert len(errors) == 3 and {r["kind"] for r in errors} == {"rate_limited"}
     assert server_states(tmp_path) == {"pass": 9, "error": 3}  # not failures: recall was never asked
     assert "passes every depth up to **0**" not in (tmp_path / "report.md").read_text()
     sent = len(chats(srv))
@@ -136,9 +137,9 @@ def test_rate_limited_chat_stays_retryable_on_resume(tmp_path: Path, fake_server
 
 def test_retry_after_longer_than_the_cap_ends_the_retries(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(chat_error_every=1, retry_after="120")  # every request: "come back in 2 minutes"
-    rc = run_cli(tmp_path, srv, *sweep_args([1024], (50,)))
+    rc = run_cli(tmp_path, srv, *sweep_args([3000], (50,)))
     assert rc == 3 and server_states(tmp_path) == {"error": 1}
-    (r,) = records(tmp_path)
+    (r,) = judged(tmp_path)
     assert r["attempts"] == 1 and "asked to wait 120 s, more than --retry-max-wait" in r["error"]
 
 
@@ -155,20 +156,20 @@ def test_unavailable_and_connection_resets_are_retried(tmp_path: Path, fake_serv
 
 def test_stalled_requests_time_out_and_are_retried(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(stall_every=3)
-    rc = run_cli(tmp_path, srv, *sweep_args([1024, 2048], (0, 100)), "--timeout", "1")
+    rc = run_cli(tmp_path, srv, *sweep_args([1024, 3000], (0, 100)), "--timeout", "1")
     assert rc == 0 and server_states(tmp_path) == {"pass": 4}
     assert [f["status"] for f in srv.state.faults] == ["stall"]
-    assert sorted(r["attempts"] for r in records(tmp_path)) == [1, 1, 1, 2]  # the stalled one, retried
+    assert sorted(r["attempts"] for r in judged(tmp_path)) == [1, 1, 1, 2]  # the stalled one, retried
 
 
 def test_stalled_requests_without_retries_are_errors_not_failures(
     tmp_path: Path, fake_server: StartFake
 ) -> None:
     srv = fake_server(stall_every=2)
-    rc = run_cli(tmp_path, srv, *sweep_args([1024, 2048], (0, 100)), "--timeout", "1", "--retries", "0")
+    rc = run_cli(tmp_path, srv, *sweep_args([1024, 3000], (0, 100)), "--timeout", "1", "--retries", "0")
     assert rc == 3 and gate_verdict(tmp_path) == ("INCOMPLETE", 3)
     assert server_states(tmp_path) == {"pass": 2, "error": 2}
-    assert {r["error_kind"] for r in records(tmp_path) if r["state"] == "error"} == {"timeout"}
+    assert {r["kind"] for r in judged(tmp_path) if r["state"] == "error"} == {"timeout"}
     # Where the passing run stops, and that it stops on missing data, not on a wrong answer.
     assert (
         "passes every depth up to **0** (then 1,024 not all measured: 1 of 2 requests)"
@@ -183,8 +184,8 @@ def test_bad_request_is_reported_once_and_not_retried(
     rc = run_cli(tmp_path, srv, *sweep_args(LENGTHS, DEPTHS))
     err = capsys.readouterr().err
     assert rc == 3 and server_states(tmp_path) == {"pass": 8, "error": 4}
-    bad = [r for r in records(tmp_path) if r["state"] == "error"]
-    assert {r["error_kind"] for r in bad} == {"bad_request"} and all(r["attempts"] == 1 for r in bad)
+    bad = [r for r in judged(tmp_path) if r["state"] == "error"]
+    assert {r["kind"] for r in bad} == {"bad_request"} and all(r["attempts"] == 1 for r in bad)
     assert len(srv.state.faults) == 4  # one request each: a 400 is not retried
     assert err.count("unsupported parameter 'seed'") == 1  # reported once, not once per request
     assert "fix what the server rejected" in (tmp_path / "report.md").read_text()
@@ -203,7 +204,7 @@ def test_model_gone_mid_run_stops_the_run_as_incomplete(
 def test_default_timeout_scales_with_the_prompt(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server()
     assert run_cli(tmp_path, srv, *sweep_args([1024, 8000], (50,))) == 0
-    by = {r["base_length"]: r["timeout_s"] for r in records(tmp_path)}
+    by = {r["base_length"]: r["timeout_s"] for r in judged(tmp_path)}
     assert by == {1024: round(30 + 0.002 * 1024 + 0.1 * 64, 1), 8000: round(30 + 0.002 * 8000 + 0.1 * 64, 1)}
     assert by[8000] > by[1024] and max(by.values()) < 600  # a hang no longer costs ten minutes
 
@@ -219,9 +220,9 @@ def test_usage_missing_from_the_stream_is_asked_without_streaming(
     assert rc == 3 and gate_verdict(tmp_path) == ("INCOMPLETE", 3)
     # The 8,000-token prompts were cut to 6,000: caught, not scored (the depth-0 ones "passed" before).
     assert server_states(tmp_path) == {"pass": 6, "truncated": 3}
-    by = {(r["base_length"], r["depth_pct"]): r for r in records(tmp_path)}
+    by = {(r["base_length"], r["depth_pct"]): r for r in judged(tmp_path)}
     assert by[(8000, 0)]["state"] == "truncated" and by[(8000, 0)]["ok"]  # right answer, still not a pass
-    assert {r["usage_source"] for r in records(tmp_path)} == {"non_stream_followup"}
+    assert {r["usage_source"] for r in judged(tmp_path)} == {"non_stream_followup"}
     assert sum(not e["stream"] for e in chats(srv)) == 9  # one count request each
     report = (tmp_path / "report.md").read_text()
     assert "9 streamed answers on server had no usage.prompt_tokens" in report
@@ -231,7 +232,7 @@ def test_no_usage_at_all_leaves_every_cell_unchecked(tmp_path: Path, fake_server
     srv = fake_server(truncate_to=6000, usage_in_stream=False, usage_in_response=False)
     rc = run_cli(tmp_path, srv, *sweep_args([2048, 8000], (50,)))
     assert rc == 3 and server_states(tmp_path) == {"unchecked": 2}
-    assert {r["unchecked_kind"] for r in records(tmp_path)} == {"no_usage"}
+    assert {r["kind"] for r in judged(tmp_path)} == {"no_usage"}
     report = (tmp_path / "report.md").read_text()
     assert "make the server (or proxy) return usage.prompt_tokens" in report
 
@@ -263,9 +264,19 @@ def test_calibrated_sizing_fits_each_scenario_layout(tmp_path: Path, fake_server
         "--repeats",
         "1",
     ]
-    rc = run_cli(tmp_path, srv, *args, "--concurrency", "0", "--no-shared-prefix", "--nudge", "none")
+    rc = run_cli(
+        tmp_path,
+        srv,
+        *args,
+        "--concurrency",
+        "0",
+        "--no-shared-prefix",
+        "--nudge",
+        "none",
+        "--accept-calibrated",
+    )
     assert rc == 0 and gate_verdict(tmp_path) == ("PASS", 0)
-    recs = records(tmp_path)
+    recs = judged(tmp_path)
     assert {r["scenario"] for r in recs} == set(CALIBRATED)
     for r in recs:
         assert r["state"] == "pass"
@@ -276,25 +287,27 @@ def test_calibrated_sizing_fits_each_scenario_layout(tmp_path: Path, fake_server
         # Controls by the length the server read, not by the length asked for.
         assert r["control"] == (r["base_length"] <= 2048 and r["prompt_tokens"] <= 2051)
     assert srv.state.tokenize_calls == 0
-    assert "calibrated from usage.prompt_tokens per scenario layout" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "calibrated from usage.prompt_tokens per scenario layout" in report
+    assert "> **PASS, qualified:** calibrated sizing accepted (--accept-calibrated)" in report
 
 
 def test_calibrated_cells_off_target_are_marked_not_scored(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(tokenize=False, truncate_to=5000)  # the 8,000-token prompts are read as 5,000
-    rc = run_cli(tmp_path, srv, *sweep_args([2048, 8000], (0, 100)))
+    rc = run_cli(tmp_path, srv, *sweep_args([2048, 8000], (0, 100)), "--accept-calibrated")
     assert rc == 3 and server_states(tmp_path) == {"pass": 2, "unchecked": 2}
-    off = [r for r in records(tmp_path) if r["state"] == "unchecked"]
-    assert {r["unchecked_kind"] for r in off} == {"off_target"}
+    off = [r for r in judged(tmp_path) if r["state"] == "unchecked"]
+    assert {r["kind"] for r in off} == {"off_target"}
     assert all("calibrated sizing missed, or the prompt was truncated" in r["reason"] for r in off)
 
 
 def test_calibration_resumes_with_the_same_prompts(tmp_path: Path, fake_server: StartFake) -> None:
     """A resumed calibrated run renders the prompts measured before: repeats stay byte-identical."""
     srv = fake_server(tokenize=False, tokenizer="mixed", die_after=6)
-    args = sweep_args([2048, 4000], (0, 100))
+    args = [*sweep_args([2048, 4000], (0, 100)), "--accept-calibrated", "--accept-relaunch"]
     args[args.index("--repeats") + 1] = "2"
     assert run_cli(tmp_path, srv, *args) == 3
-    fresh = fake_server(tokenize=False, tokenizer="mixed")
+    fresh = relaunch(fake_server, srv, tokenize=False, tokenizer="mixed")
     assert run_cli(tmp_path, fresh, *args) == 0
     by_cell: dict[str, set[str]] = {}
     for r in latest(tmp_path).values():
@@ -339,10 +352,10 @@ def test_heatmap_squares_take_the_state_colour() -> None:
 
 def test_reasoning_with_thinking_off_is_its_own_problem(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(reasoning_when_off=62)  # leaves 2 tokens of the 64 for the answer
-    rc = run_cli(tmp_path, srv, *sweep_args([1024, 2048], (50,)))
+    rc = run_cli(tmp_path, srv, *sweep_args([1024, 3000], (50,)))
     assert rc == 3 and gate_verdict(tmp_path) == ("INCOMPLETE", 3)
     assert server_states(tmp_path) == {"error": 2}
-    assert {r["error_kind"] for r in records(tmp_path)} == {"reasoning_with_thinking_off"}
+    assert {r["kind"] for r in judged(tmp_path)} == {"reasoning_with_thinking_off"}
     report = (tmp_path / "report.md").read_text()
     assert "2 answers on server came with reasoning content although thinking was off" in report
     assert "--reasoning-parser" in report
@@ -350,15 +363,17 @@ def test_reasoning_with_thinking_off_is_its_own_problem(tmp_path: Path, fake_ser
 
 def test_reasoning_that_leaves_room_passes_but_is_reported(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(reasoning_when_off=8)
-    assert run_cli(tmp_path, srv, *sweep_args([1024], (50,))) == 0
-    assert "1 answers on server came with reasoning content" in (tmp_path / "report.md").read_text()
+    assert run_cli(tmp_path, srv, *sweep_args([1024, 3000], (50,))) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "2 answers on server came with reasoning content although thinking was off" in report
+    assert "2 complete and scored as answers (0 wrong), 0 cut at max_tokens" in report
 
 
 def test_answers_cut_at_max_tokens_are_not_recall_failures(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server()
-    rc = run_cli(tmp_path, srv, *sweep_args([1024, 2048], (50,)), "--max-tokens", "2")
+    rc = run_cli(tmp_path, srv, *sweep_args([1024, 3000], (50,)), "--max-tokens", "2")
     assert rc == 3 and server_states(tmp_path) == {"error": 2}
-    assert {r["error_kind"] for r in records(tmp_path)} == {"answer_cut"}
+    assert {r["kind"] for r in judged(tmp_path)} == {"answer_cut"}
     assert "rerun with a larger --max-tokens" in (tmp_path / "report.md").read_text()
 
 
@@ -392,9 +407,11 @@ def _planned_and_latest(
         state = "pass"
         if p["base_length"] == 4509:
             state = conc_state if p["pass"] == "concurrency" else seq_state
-        latest[p["key"]] = dict(p) | {"state": state, "passed": state == "pass", "answer": state}
-        if state == "error":
-            latest[p["key"]]["error_kind"] = "timeout"
+        n = p["target_tokens"]
+        answered = {"observed": "answer", "ok": state == "pass", "answer": state, "finish_reason": "stop"}
+        sizes = {"prompt_tokens": n, "measured_tokens": n, "aim_tokens": n, "sizing": "exact"}
+        timeout = {"observed": "error", "error_kind": "timeout", "error": "no answer"}
+        latest[p["key"]] = dict(p) | (timeout if state == "error" else answered | sizes)
     return planned, latest
 
 
@@ -406,7 +423,7 @@ def test_concurrency_failure_needs_a_measured_sequential_twin(
     seq_state: str, conc_state: str, status: str
 ) -> None:
     planned, latest_ = _planned_and_latest(seq_state, conc_state)
-    ev = evaluate(planned, latest_, TargetPlan(None, None, 4509, ("sweep",)), None)
+    ev = evaluate(planned, latest_, TargetPlan(None, None, 4509, ("sweep",)), None, Judging())
     (check,) = [c for c in ev.checks if c.name.startswith("concurrency")]
     assert check.status == status  # before: a failing cell with no measured twin passed this check
 
@@ -449,7 +466,8 @@ def test_no_fault_combination_passes_without_measuring(
         tmp_path, srv, *sweep_args([1024, 4000], (0, 100)), "--retries", "0", "--target-length", "4000"
     )
     if rc == 2:  # refused at start-up: nothing measured, nothing claimed
-        assert set(combo) & {"refuse", "no_usage"} and not (tmp_path / "report.md").exists()
+        assert set(combo) & {"refuse", "no_usage"} and outcome(tmp_path)["verdict"] == "SETUP ERROR"
+        assert "# verify_recall, live tier: SETUP ERROR" in (tmp_path / "report.md").read_text()
         return
     o = outcome(tmp_path)
     gate = {k: v for k, v in o["gate_states"].items() if v}
@@ -457,7 +475,7 @@ def test_no_fault_combination_passes_without_measuring(
     assert (rc == 0) == (set(gate) == {"pass"}), (combo, gate)
     assert (rc == 1) == (gate.get("fail", 0) > 0), (combo, gate)
     assert rc in (0, 1, 3)
-    measured_everything = all(r["state"] in MEASURED for r in records(tmp_path))
+    measured_everything = all(r["state"] in MEASURED for r in judged(tmp_path))
     if rc == 0:
         assert measured_everything
 

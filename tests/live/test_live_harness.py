@@ -19,9 +19,10 @@ from tests.live.harness import (
     FAST,
     StartFake,
     chats,
-    latest,
+    judged,
     outcome,
     records,
+    relaunch,
     run_cli,
     server_states,
     sweep_args,
@@ -34,7 +35,7 @@ def test_protocol_streaming_usage_and_sampling(tmp_path: Path, fake_server: Star
     srv = fake_server()
     rc = run_cli(tmp_path, srv, *sweep_args([1024, 2051]))
     assert rc == 0
-    recs = [r for r in records(tmp_path) if r["state"] in MEASURED]
+    recs = [r for r in judged(tmp_path) if r["state"] in MEASURED]
     assert len(recs) == 6
     for r in recs:
         # Exact sizing with the server's tokenizer, confirmed by the server's own usage count.
@@ -50,13 +51,14 @@ def test_protocol_streaming_usage_and_sampling(tmp_path: Path, fake_server: Star
 
 def test_non_streaming_and_thinking_option(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server()
-    rc = run_cli(tmp_path, srv, *sweep_args([1024], (50,)), "--no-stream", "--thinking", "--seed", "7")
+    rc = run_cli(tmp_path, srv, *sweep_args([1024, 3000], (50,)), "--no-stream", "--thinking", "--seed", "7")
     assert rc == 0
-    (r,) = [r for r in records(tmp_path) if r["state"] in MEASURED]
-    assert r["ttft_s"] is None and r["prompt_tokens"] == 1024 and r["passed"]
-    (e,) = chats(srv)
-    assert not e["stream"] and e["chat_template_kwargs"]["thinking"] is True and e["seed"] == 7
-    assert e["max_tokens"] == 4096  # thinking gets a reasoning budget
+    recs = judged(tmp_path)
+    assert len(recs) == 2 and all(r["ttft_s"] is None and r["passed"] for r in recs)
+    assert sorted(r["prompt_tokens"] for r in recs) == [1024, 3000]
+    for e in chats(srv):
+        assert not e["stream"] and e["chat_template_kwargs"]["thinking"] is True and e["seed"] == 7
+        assert e["max_tokens"] == 4096  # thinking gets a reasoning budget
 
 
 def _expected_pass(r: dict[str, Any], window: int, first: int = 0) -> bool | None:
@@ -77,7 +79,7 @@ def test_recall_edge_is_reported_where_the_model_has_it(tmp_path: Path, fake_ser
     lengths = [1024, 2048, 3000, 4509, 6000]
     rc = run_cli(tmp_path, srv, *sweep_args(lengths, (0, 25, 50, 75, 100)))
     assert rc == 1  # default target: the longest length the server holds (6000), which fails
-    recs = [r for r in records(tmp_path) if r["state"] in MEASURED]
+    recs = [r for r in judged(tmp_path) if r["state"] in MEASURED]
     assert len(recs) == 25
     for r in recs:
         want = _expected_pass(r, window)
@@ -97,7 +99,7 @@ def test_recall_from_the_start_of_the_prompt(tmp_path: Path, fake_server: StartF
     srv = fake_server(recall_last=1500, recall_first=300)
     run_cli(tmp_path, srv, *sweep_args([1024, 4509], (0, 50, 100)))
     got = {
-        (r["base_length"], r["depth_pct"]): r["passed"] for r in records(tmp_path) if r["state"] in MEASURED
+        (r["base_length"], r["depth_pct"]): r["passed"] for r in judged(tmp_path) if r["state"] in MEASURED
     }
     assert got == {
         (1024, 0): True,
@@ -128,7 +130,7 @@ def test_ab_deltas_follow_the_two_windows(tmp_path: Path, fake_server: StartFake
     assert rc == 0
     # Identical prompts on both arms, request for request.
     assert [e["prompt_tokens"] for e in chats(bf16)] == [e["prompt_tokens"] for e in chats(fp8)]
-    by = latest(tmp_path)
+    by = {r["key"]: r for r in judged(tmp_path)}
     rows = list(csv.DictReader((tmp_path / "ab_deltas.csv").read_text().splitlines()))
     assert len(rows) == 9
     for row in rows:
@@ -139,7 +141,7 @@ def test_ab_deltas_follow_the_two_windows(tmp_path: Path, fake_server: StartFake
     assert any(float(r["delta"]) == 1.0 for r in rows)  # fp8 loses the early needle at 4000
     report = (tmp_path / "report.md").read_text()
     assert "server (bf16) is never worse than baseline (fp8)" in report
-    assert "**bf16** (server_info.dsv4_index_k_format)" in report and "**fp8**" in report
+    assert "**bf16** (server_info.deepseek_v4_indexer_k_dtype)" in report and "**fp8**" in report
 
     # Swap the windows: now the server arm is the worse one, and the report says so.
     out2 = tmp_path / "swapped"
@@ -153,20 +155,21 @@ def test_ab_deltas_follow_the_two_windows(tmp_path: Path, fake_server: StartFake
 
 def test_resume_skips_cells_already_measured(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server()
-    assert run_cli(tmp_path, srv, *sweep_args([1024, 2048])) == 0
+    assert run_cli(tmp_path, srv, *sweep_args([1024, 3000])) == 0
     assert len(chats(srv)) == 6
-    assert run_cli(tmp_path, srv, *sweep_args([1024, 2048])) == 0
+    assert run_cli(tmp_path, srv, *sweep_args([1024, 3000])) == 0
     assert len(chats(srv)) == 6  # nothing re-sent
-    assert run_cli(tmp_path, srv, *sweep_args([1024, 2048, 3000])) == 0
+    assert run_cli(tmp_path, srv, *sweep_args([1024, 3000, 4000])) == 0
     assert len(chats(srv)) == 9  # only the new length
     keys = [r["key"] for r in records(tmp_path)]
     assert len(keys) == len(set(keys)) == 9
     # Adding a baseline later measures only the baseline arm.
     base = fake_server(index_k_format="fp8")
-    assert run_cli(tmp_path, srv, *sweep_args([1024, 2048, 3000]), "--baseline", base.url) == 0
+    assert run_cli(tmp_path, srv, *sweep_args([1024, 3000, 4000]), "--baseline", base.url) == 0
     assert len(chats(srv)) == 9 and len(chats(base)) == 9
     # Other settings in the same directory are refused rather than mixed in.
-    assert run_cli(tmp_path, srv, *sweep_args([1024]), "--seed", "99") == 2
+    assert run_cli(tmp_path, srv, *sweep_args([1024, 3000]), "--seed", "99") == 2
+    assert "seed: 1234" in outcome(tmp_path)["error"] and len(chats(srv)) == 9
 
 
 def test_server_dying_mid_run_keeps_results_and_resume_finishes(
@@ -177,7 +180,7 @@ def test_server_dying_mid_run_keeps_results_and_resume_finishes(
     err = capsys.readouterr().err
     assert rc == 3  # INCOMPLETE: the run stopped; what it measured passed, the rest is missing
     assert "stopped answering" in err and "rerun the same command to resume" in err
-    ok = [r for r in records(tmp_path) if r["state"] in MEASURED]
+    ok = [r for r in judged(tmp_path) if r["state"] in MEASURED]
     # Every answer the server gave is on disk; it gave exactly 4 (5 with the start-up probe).
     assert len(ok) == len(chats(dying)) == 4
     assert server_states(tmp_path) == {"pass": 4, "error": 1, "unmeasured": 4}  # error: the one cut off
@@ -188,20 +191,31 @@ def test_server_dying_mid_run_keeps_results_and_resume_finishes(
     assert "| gate | every depth passes up to the target (3,000 tokens) | **INCOMPLETE** |" in report
     assert "| gate | every gate request measured | **INCOMPLETE** | 4/9 gate requests measured" in report
 
-    fresh = fake_server()
-    assert run_cli(tmp_path, fresh, *sweep_args([1024, 2048, 3000])) == 0
+    # The server is relaunched at the same URL with the same settings: another launch, so resuming
+    # needs the user's word that it is the same deployment, and the report says it was given.
+    fresh = relaunch(fake_server, dying)
+    assert run_cli(tmp_path, fresh, *sweep_args([1024, 2048, 3000])) == 2
+    assert "pass --accept-relaunch to resume" in capsys.readouterr().err and chats(fresh) == []
+    assert run_cli(tmp_path, fresh, *sweep_args([1024, 2048, 3000]), "--accept-relaunch") == 0
     assert len(chats(fresh)) == 9 - len(ok)  # only what was missing
-    assert sum(r["state"] in MEASURED for r in latest(tmp_path).values()) == 9
+    assert sum(r["state"] in MEASURED for r in judged(tmp_path)) == 9
+    report = (tmp_path / "report.md").read_text()
+    assert "> **PASS, qualified:** the server's records span 2 launches of the server" in report
 
 
-def test_unreachable_server_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_server_is_a_clear_error(
+    tmp_path: Path, fake_server: StartFake, capsys: pytest.CaptureFixture[str]
+) -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
-    rc = run_cli(tmp_path, f"http://127.0.0.1:{port}", *sweep_args([1024]))
+    rc = run_cli(tmp_path, f"http://127.0.0.1:{port}", *sweep_args([1024, 3000]))
     err = capsys.readouterr().err
     assert rc == 2 and "cannot reach the server under test at" in err and "Is SGLang running" in err
+    assert outcome(tmp_path)["verdict"] == "SETUP ERROR" and "cannot reach" in outcome(tmp_path)["error"]
+    # The failed start left only its outcome: the folder is not "measured under other settings".
+    assert run_cli(tmp_path, fake_server(), *sweep_args([1024, 3000])) == 0
 
 
 def test_wrong_model_name_is_a_clear_error(
@@ -222,7 +236,7 @@ def test_truncated_prompts_are_flagged(
     err = capsys.readouterr().err
     # Truncated answers are not scored: not a FAIL (nothing wrong was measured), not a PASS.
     assert rc == 3 and "truncated" in err
-    by = {r["base_length"]: r for r in records(tmp_path)}
+    by = {r["base_length"]: r for r in judged(tmp_path)}
     assert (
         by[2048]["state"] == "pass" and by[4000]["state"] == "truncated" and by[4000]["prompt_tokens"] == 3000
     )
@@ -245,7 +259,7 @@ def test_lengths_beyond_the_server_context_are_skipped_with_a_reason(
     srv = fake_server(max_model_len=5000)
     rc = run_cli(tmp_path, srv, *sweep_args([2048, 4509, 6000], (50,)))
     assert rc == 0  # the gate's default target is the longest length the server holds
-    skipped = [r for r in records(tmp_path) if r["state"] == "skipped"]
+    skipped = [r for r in judged(tmp_path) if r["state"] == "skipped"]
     assert [r["target_tokens"] for r in skipped] == [6000]
     assert "accepts at most 4935 prompt tokens" in skipped[0]["reason"]
     assert (
@@ -268,9 +282,10 @@ def test_server_refusing_a_length_at_run_time(tmp_path: Path, fake_server: Start
     # The server advertises more context than it really serves: its 400 is recorded, longer cells skipped.
     srv = fake_server(max_model_len=5000, advertised_max_model_len=40000)
     rc = run_cli(tmp_path, srv, *sweep_args([2048, 6000, 8000], (50,)))
-    # The refusal lowers the default target like an advertised limit does (not a recall failure).
-    assert rc == 0
-    by = {r["base_length"]: r for r in records(tmp_path)}
+    # The refusal lowers the default target like an advertised limit does (not a recall failure),
+    # here to a control length: a gate of controls alone tested no index key, so it is no PASS.
+    assert rc == 3 and outcome(tmp_path)["verdict"] == "INCOMPLETE"
+    by = {r["base_length"]: r for r in judged(tmp_path)}
     assert by[6000]["state"] == "error" and by[6000]["error_kind"] == "context_too_long"
     assert by[8000]["state"] == "skipped" and "refused 6000 tokens" in by[8000]["reason"]
     assert by[2048]["passed"]
@@ -281,6 +296,8 @@ def test_server_refusing_a_length_at_run_time(tmp_path: Path, fake_server: Start
         "target 2,048 (default: the longest sweep length the server holds; lowered from 8,000 because the server refused a 6,000-token prompt"
         in report
     )
+    assert "> - the gate holds no length past the controls (target 2,048" in report
+    assert outcome(tmp_path)["blockers"] and outcome(tmp_path)["missing"] == []
     # With the target asked for explicitly, the refused lengths are missing, not failing.
     assert run_cli(tmp_path, srv, *sweep_args([2048, 6000, 8000], (50,)), "--target-length", "8000") == 3
 
@@ -290,33 +307,51 @@ def test_timeouts_are_recorded_and_stop_a_hung_server(
 ) -> None:
     srv = fake_server(delay_s=1.0, delay_from=1)
     rc = run_cli(
-        tmp_path, srv, *sweep_args([1024, 2048], (50,)), "--timeout", "0.3", "--max-consecutive-errors", "2"
+        tmp_path, srv, *sweep_args([1024, 3000], (50,)), "--timeout", "0.3", "--max-consecutive-errors", "2"
     )
     err = capsys.readouterr().err
     assert rc == 3 and "2 requests in a row failed" in err
-    kinds = [r.get("error_kind") for r in records(tmp_path)]
+    kinds = [r["kind"] for r in judged(tmp_path)]
     assert kinds == ["timeout", "timeout"]
-    assert [r["attempts"] for r in records(tmp_path)] == [2, 2]  # a timeout is retried once
+    assert [r["attempts"] for r in judged(tmp_path)] == [2, 2]  # a timeout is retried once
     assert server_states(tmp_path) == {"error": 2}
 
 
 def test_without_tokenize_endpoint_sizes_are_calibrated(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(tokenize=False)
     rc = run_cli(tmp_path, srv, *sweep_args([2048, 4000], (50,)))
-    assert rc == 0
-    for r in (r for r in records(tmp_path) if r["state"] in MEASURED):
+    # Calibrated sizes cannot show a few missing tokens: answered, but not scored unless accepted.
+    assert rc == 3 and server_states(tmp_path) == {"unchecked": 2}
+    assert {r["kind"] for r in judged(tmp_path)} == {"calibrated"}
+    report = (tmp_path / "report.md").read_text()
+    assert "calibrated from usage.prompt_tokens" in report and "rerun with --accept-calibrated" in report
+    assert (
+        "| info | no prompt truncated (server prompt_tokens match what was sent) | **INCOMPLETE** | not checkable here"
+        in report
+    )
+    sent = len(chats(srv))
+    # Accepting calibrated sizing re-judges what is stored: nothing is sent again.
+    assert run_cli(tmp_path, srv, *sweep_args([2048, 4000], (50,)), "--accept-calibrated") == 0
+    assert len(chats(srv)) == sent and server_states(tmp_path) == {"pass": 2}
+    for r in judged(tmp_path):
         assert abs(r["prompt_tokens"] - r["target_tokens"]) <= 0.05 * r["target_tokens"]
-    assert "calibrated from usage.prompt_tokens" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "# verify_recall, live tier: PASS (qualified)" in report
+    assert "> **PASS, qualified:** calibrated sizing accepted (--accept-calibrated)" in report
+    assert (
+        "not checkable here: sizes are calibrated" in report
+        and "scored anyway (--accept-calibrated)" in report
+    )
     assert srv.state.tokenize_calls == 0
 
 
 def test_repeats_must_agree(tmp_path: Path, fake_server: StartFake) -> None:
     srv = fake_server(corrupt_every=4)  # every 4th answer has its last character wrong
     out = tmp_path / "r"
-    args = sweep_args([1024], (0, 50, 100))
+    args = sweep_args([3000], (0, 50, 100))
     args[args.index("--repeats") + 1] = "3"
     assert main(["--server", srv.url, "--out", str(out), *FAST, *args]) == 1
-    recs = [r for r in records(out) if r["state"] in MEASURED]
+    recs = [r for r in judged(out) if r["state"] in MEASURED]
     assert len(recs) == 9
     wrong = [r for r in recs if not r["passed"]]
     assert wrong and all(r["first_wrong_char"] == len(r["expected"][0]) - 1 for r in wrong)
@@ -344,7 +379,7 @@ def test_concurrency_and_shared_prefix_passes(tmp_path: Path, fake_server: Start
         "--save-prompts",
     ]
     rc = run_cli(tmp_path, srv, *args)
-    recs = records(tmp_path)
+    recs = judged(tmp_path)
     conc = [r for r in recs if r["pass"] == "concurrency"]
     assert len(conc) == 3 and all(r["passed"] for r in conc)
     assert srv.state.max_inflight >= 3  # really in flight together
@@ -365,7 +400,7 @@ def test_concurrency_and_shared_prefix_passes(tmp_path: Path, fake_server: Start
 def test_quick_run_covers_every_scenario_and_writes_the_report(
     tmp_path: Path, fake_server: StartFake
 ) -> None:
-    srv = fake_server(index_k_format=None)  # an unpatched server: no format field
+    srv = fake_server(index_k_format="fp8", format_field="upstream")  # unpatched: only the fp4 flag, off
     rc = main(
         [
             "--server",
@@ -385,7 +420,7 @@ def test_quick_run_covers_every_scenario_and_writes_the_report(
         ]
     )
     assert rc == 0
-    recs = [r for r in records(tmp_path) if r["arm"] == "server" and r["state"] in MEASURED]
+    recs = [r for r in judged(tmp_path) if r["arm"] == "server" and r["state"] in MEASURED]
     assert {r["scenario"] for r in recs} == {
         "sweep",
         "ruler_single",
@@ -402,7 +437,8 @@ def test_quick_run_covers_every_scenario_and_writes_the_report(
     assert env["arms"]["server"]["index_k_format"] == "fp8"
     assert "dsv4_index_k_format" not in env["arms"]["server"]["server_info"]
     report = (tmp_path / "report.md").read_text()
-    assert "inferred: upstream default" in report and "## Environment" in report
+    assert "inferred: enable_deepseek_v4_fp4_indexer is off on a server without the series" in report
+    assert "## Environment" in report
     assert "| config_recall | 12,000 |" in report  # the ~12K config file was recalled
     header = next(csv.reader((tmp_path / "summary.csv").read_text().splitlines()))
     assert {"pass_rate", "prompt_tokens", "ttft_mean_s", "answers_agree"} <= set(header)
@@ -421,5 +457,5 @@ def test_heatmaps_per_scenario_and_server(tmp_path: Path, fake_server: StartFake
     report = (tmp_path / "report.md").read_text()
     assert "![sweep server (bf16)](heatmaps/sweep__server.png)" in report and "## A/B" in report
     env = json.loads((tmp_path / "environment.json").read_text())
-    assert env["arms"]["server"]["server_info"]["dsv4_index_k_format"] == "bf16"
+    assert env["arms"]["server"]["server_info"]["deepseek_v4_indexer_k_dtype"] == "bf16"
     assert env["arms"]["baseline"]["index_k_format"] == "fp8"

@@ -8,4 +8,5 @@ only prompts well past that length can show an index-key precision or layout def
 """
 
 # Bumped when what a record means changes: a resumed run refuses records of another version.
-HARNESS_VERSION = "2"  # 2: one state per request (states.py)
+# 2: one state per request (states.py); 3: records hold observations, states are judged when reported.
+HARNESS_VERSION = "3"

@@ -3,23 +3,30 @@
 Exit codes (gate.py):
   0  PASS        every gate request measured (or skipped for a stated reason) and passed
   1  FAIL        a gate request was measured and answered wrong (a control, or a length up to the target)
-  2  setup error the run could not start: server down, wrong model, target beyond the server's
-                 context, a results directory of other settings. Nothing was measured.
-  3  INCOMPLETE  neither: gate requests unmeasured, errored, truncated or unchecked, or the run
+  2  setup error the run could not start: server down, wrong model, another index-K format than
+                 --expect-format, a target beyond the server's context or the plan, a results
+                 directory of other settings or another server. Nothing was measured.
+  3  INCOMPLETE  neither: gate requests unmeasured, errored, truncated or unchecked, a gate of
+                 controls alone, a start-up request still rate-limited after its retries, or the run
                  stopped early. The report names what is missing and the command that completes it.
-  130            interrupted (Ctrl-C).
-Results measured before any failure are on disk, and rerunning the same command resumes.
+  130 / 143      interrupted (Ctrl-C / SIGTERM); the report says what was measured until then.
+Every exit writes the outcome to run.json and replaces report.md, so no earlier report survives a
+run that did not start. Results measured before any failure are on disk, and rerunning the same
+command resumes (against the same server only).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import platform
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import openai
@@ -27,14 +34,16 @@ import openai
 from verify.live import HARNESS_VERSION
 from verify.live.config import RunConfig
 from verify.live.corpus import CORPUS_VERSION
-from verify.live.gate import SETUP_ERROR_EXIT, Evaluation, evaluate, outcome
+from verify.live.gate import SETUP_ERROR_EXIT, VERDICT_EXIT, Evaluation, evaluate, outcome
 from verify.live.grid import NUDGE_MODES, GridOptions
-from verify.live.probe import SetupError
-from verify.live.report import STATUS_TEXT, arm_labels, render_report
+from verify.live.probe import INDEX_K_FORMATS, SetupError, StartupIncomplete
+from verify.live.report import STATUS_TEXT, arm_labels, render_report, render_setup_report
 from verify.live.runner import RunResult, run
 from verify.live.scenarios import SCENARIOS
-from verify.live.store import ResultStore, write_run_outcome
-from verify.live.summary import write_ab_csv, write_summary_csv
+from verify.live.store import REQUESTS_FILE, ResultStore, write_run_outcome
+from verify.live.summary import write_ab_csv, write_states_csv, write_summary_csv
+
+INTERRUPT_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 EXAMPLES = """examples:
   # the patched server alone, default grid up to 64K, gate at the longest length it holds
@@ -42,8 +51,8 @@ EXAMPLES = """examples:
   # A/B against an fp8 (unpatched) server on identical prompts, gate at 32K
   python -m verify.live --server http://gpu1:30000 --baseline http://gpu2:30000 \\
       --target-length 32768 --out verify/results/live/ab
-  # five-minute smoke run
-  python -m verify.live --server http://127.0.0.1:30000 --quick --out /tmp/quick
+  # five-minute smoke run, refused unless the server reports bf16 index keys
+  python -m verify.live --server http://127.0.0.1:30000 --quick --expect-format bf16 --out /tmp/quick
 """
 
 
@@ -92,12 +101,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("OPENAI_API_KEY", "EMPTY"),
         help="bearer token, if the server wants one",
     )
+    g.add_argument(
+        "--expect-format",
+        choices=INDEX_K_FORMATS,
+        help="the server's index-K format must be this (setup error otherwise, or if it reports none)",
+    )
+    g.add_argument("--baseline-expect-format", choices=INDEX_K_FORMATS, help="the same for the baseline")
     g = p.add_argument_group("plan")
     g.add_argument(
         "--out",
         type=Path,
         default=Path("build/verify/live"),
-        help="results directory (resumable; default build/verify/live)",
+        help="results directory (resumable against the same servers and settings; default build/verify/live)",
+    )
+    g.add_argument(
+        "--restart",
+        action="store_true",
+        help="move the records in --out aside (replaced-<time>/) and start afresh",
+    )
+    g.add_argument(
+        "--accept-relaunch",
+        action="store_true",
+        help="resume records of a server with the same URL, model path, version and args from an earlier "
+        "launch (the report says so beside the verdict)",
     )
     g.add_argument(
         "--quick",
@@ -112,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--target-length",
         type=int,
-        help="gate: every depth must pass up to this length (default: the longest length the server holds)",
+        help="gate: every depth must pass up to this length, which is added to the plan (default: the "
+        "longest planned length the server holds)",
     )
     g.add_argument(
         "--scenarios",
@@ -179,9 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--token-tolerance",
-        type=float,
-        default=0.01,
-        help="relative shortfall of prompt_tokens flagged as truncation",
+        type=int,
+        default=0,
+        help="prompt tokens the server may read fewer than were sent before a prompt is truncated "
+        "(default 0: any shortfall; re-judges stored results on a rerun)",
+    )
+    g.add_argument(
+        "--accept-calibrated",
+        action="store_true",
+        help="without a tokenize endpoint, score the calibrated sizes although truncation cannot be "
+        "checked (default: such answers are unchecked); the report says so beside the verdict",
     )
     g = p.add_argument_group("output")
     g.add_argument(
@@ -224,19 +258,28 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         retry_max_wait_s=max(0.0, args.retry_max_wait),
         retries=max(0, args.retries),
         max_consecutive_errors=max(1, args.max_consecutive_errors),
-        token_tolerance=args.token_tolerance,
+        token_tolerance=max(0, args.token_tolerance),
+        accept_calibrated=args.accept_calibrated,
+        expect_format=args.expect_format,
+        baseline_expect_format=args.baseline_expect_format,
+        restart=args.restart,
+        accept_relaunch=args.accept_relaunch,
         save_prompts=args.save_prompts,
         plots=not args.no_plots,
         progress=args.progress,
     )
 
 
-def write_outputs(cfg: RunConfig, result: RunResult, command: str) -> Evaluation:
+def write_outputs(
+    cfg: RunConfig, result: RunResult, command: str, exit_code: int | None = None
+) -> Evaluation:
     """CSV, heatmaps, report and the outcome in run.json, from what is on disk (also after an early stop)."""
+    assert result.target is not None, "outputs are written once the plan is made"
     store = ResultStore(cfg.out_dir)
     store.close()
-    ev = evaluate(result.planned, store.latest, result.target, result.aborted)
+    ev = evaluate(result.planned, store.latest, result.target, result.aborted, result.judging)
     write_summary_csv(cfg.out_dir / "summary.csv", ev.cells)
+    write_states_csv(cfg.out_dir / "states.csv", ev.records)
     if ev.ab:
         write_ab_csv(cfg.out_dir / "ab_deltas.csv", ev.ab)
     images = []
@@ -252,8 +295,73 @@ def write_outputs(cfg: RunConfig, result: RunResult, command: str) -> Evaluation
     }
     text = render_report(cfg, ev, result.profiles, result.counter_description, images, env_extra, command)
     (cfg.out_dir / "report.md").write_text(text, encoding="utf-8")
-    write_run_outcome(cfg.out_dir, outcome(ev, command))
+    write_run_outcome(cfg.out_dir, outcome(ev, command, exit_code))
     return ev
+
+
+def write_failed_start(cfg: RunConfig, verdict: str, exit_code: int, message: str, command: str) -> None:
+    """A run that never got to measure still leaves its outcome: run.json and a report.md that
+    replaces any earlier one (which would read as this run's result)."""
+    try:
+        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        path = cfg.out_dir / REQUESTS_FILE
+        n_records = sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
+        report = render_setup_report(verdict, message, command, n_records)
+        (cfg.out_dir / "report.md").write_text(report, encoding="utf-8")
+        write_run_outcome(
+            cfg.out_dir,
+            {
+                "verdict": verdict,
+                "exit_code": exit_code,
+                "error": message,
+                "time": datetime.now(UTC).isoformat(timespec="seconds"),
+                "complete_with": command if verdict == "INCOMPLETE" else None,
+            },
+        )
+    except OSError as e:
+        print(f"verify.live: could not write the outcome to {cfg.out_dir}: {e}", file=sys.stderr)
+
+
+async def run_until_sigterm(cfg: RunConfig, result: RunResult) -> bool:
+    """run(), cancelled on SIGTERM the way asyncio cancels it on Ctrl-C (a handler raising inside
+    the loop would leave requests that never finish). True: it ran to the end."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    terminated = False
+
+    def stop() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        await run(cfg, result)
+    except asyncio.CancelledError:
+        if not terminated:
+            raise  # Ctrl-C: asyncio turns it into KeyboardInterrupt
+        return False
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+    return True
+
+
+def interrupted(cfg: RunConfig, result: RunResult, command: str, sig: signal.Signals) -> int:
+    """Report what was measured until the signal (an INCOMPLETE run), with the signal's exit code."""
+    code = INTERRUPT_EXIT[sig]
+    why = f"interrupted by {sig.name}; rerun the same command to resume"
+    if result.target is None:
+        write_failed_start(cfg, "INCOMPLETE", code, f"{why} (before the plan was made)", command)
+    else:
+        result.aborted = why
+        write_outputs(cfg, result, command, exit_code=code)
+    print(
+        f"verify.live: {why}; results so far are in {cfg.out_dir / REQUESTS_FILE}, the report in "
+        f"{cfg.out_dir / 'report.md'}",
+        file=sys.stderr,
+    )
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -262,18 +370,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(args)
     # What completes an incomplete run: the same command (it resumes).
     command = "python -m verify.live " + shlex.join(args_list)
+    result = RunResult(judging=cfg.judging())
     try:
-        result = asyncio.run(run(cfg))
+        if cfg.plots and importlib.util.find_spec("matplotlib") is None:
+            raise SetupError(
+                "matplotlib is not installed, and the heatmaps need it: pip install '.[live]' (the live "
+                "tier's extra), or pass --no-plots"
+            )
+        finished = asyncio.run(run_until_sigterm(cfg, result))
     except SetupError as e:
         print(f"verify.live: error: {e}", file=sys.stderr)
+        write_failed_start(cfg, "SETUP ERROR", SETUP_ERROR_EXIT, str(e), command)
         return SETUP_ERROR_EXIT
+    except StartupIncomplete as e:
+        print(f"verify.live: could not start: {e}; rerun the same command: {command}", file=sys.stderr)
+        write_failed_start(cfg, "INCOMPLETE", VERDICT_EXIT["INCOMPLETE"], str(e), command)
+        return VERDICT_EXIT["INCOMPLETE"]
     except KeyboardInterrupt:
-        print(
-            f"verify.live: interrupted; results so far are in {cfg.out_dir}/requests.jsonl "
-            "(rerun the same command to resume)",
-            file=sys.stderr,
-        )
-        return 130
+        return interrupted(cfg, result, command, signal.SIGINT)
+    if not finished:
+        return interrupted(cfg, result, command, signal.SIGTERM)
     ev = write_outputs(cfg, result, command)
     for c in ev.checks:
         print(
@@ -287,6 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"verify.live: run stopped early: {result.aborted}", file=sys.stderr)
     for m in ev.missing:
         print(f"verify.live: missing: {m.count} {m.label}: {m.remedy}", file=sys.stderr)
+    for b in ev.blockers:
+        print(f"verify.live: not a pass: {b}", file=sys.stderr)
+    for q in ev.qualifiers:
+        print(f"verify.live: qualified: {q}", file=sys.stderr)
     print(f"verify.live: gate {ev.verdict} (exit {ev.exit_code})", file=sys.stderr)
     if ev.verdict == "INCOMPLETE":
         print(f"verify.live: to complete it, rerun: {command}", file=sys.stderr)

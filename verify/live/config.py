@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verify.live.grid import GridOptions
+from verify.live.states import Judging
 
 SERVER = "server"  # the arm under test (the bf16 index-K deployment)
 BASELINE = "baseline"  # the reference arm (e.g. the same model with fp8 index keys)
@@ -34,10 +35,22 @@ class RunConfig:
     retry_max_wait_s: float = 60.0  # longest wait, Retry-After included
     retries: int = 4  # per request, transient faults only; a timeout is retried once at most
     max_consecutive_errors: int = 5
-    token_tolerance: float = 0.01  # relative; prompt_tokens below this -> truncated
+    token_tolerance: int = 0  # prompt tokens the server may read fewer than were sent (exact sizing)
+    accept_calibrated: bool = False  # score calibrated sizes, truncation unchecked (said beside the verdict)
+    expect_format: str | None = None  # the server's index-K format must be this (bf16, fp8, fp4)
+    baseline_expect_format: str | None = None
+    restart: bool = False  # set the out directory's records aside and start afresh
+    accept_relaunch: bool = False  # resume records of the same server settings from an earlier launch
     save_prompts: bool = False
     plots: bool = True
     progress: str = "auto"  # auto (on a terminal), on, off
+
+    def judging(self) -> Judging:
+        return Judging(
+            thinking=self.thinking,
+            token_tolerance=self.token_tolerance,
+            accept_calibrated=self.accept_calibrated,
+        )
 
     def arms(self) -> list[tuple[str, str, str | None]]:
         out: list[tuple[str, str, str | None]] = [(SERVER, self.server_url, self.model)]

@@ -5,10 +5,15 @@ Gate requests: the server under test, base pass and repeats, of the gate scenari
 as at most 2K tokens: there DeepSeek-V4's indexer selects every key, so a wrong answer means the
 deployment or the harness is broken, not the index keys).
 
-  PASS        every gate request is measured (or skipped because no such prompt exists) and passed
+  PASS        every gate request is measured (or skipped because no such prompt exists) and passed,
+              and the gate holds a length past the controls
   FAIL        a gate request was measured and answered wrong: more data cannot undo that
-  INCOMPLETE  anything else: unmeasured, errors, truncated, unchecked, a stopped run. The report
-              names what is missing and what completes it (most often: rerun the same command).
+  INCOMPLETE  anything else: unmeasured, errors, truncated, unchecked, a stopped run, a gate of
+              controls alone. The report names what is missing and what completes it (most often:
+              rerun the same command).
+
+States are judged here, from the stored observations under the run's `Judging` settings, so the
+verdict always reflects the settings it is reported with (states.py).
 
 Why three outcomes: a rate-limited, hung or truncating deployment produced a PASS from 4 of 125
 planned requests and a FAIL ("passes every depth up to 0") from 2% rate-limited requests on a
@@ -24,8 +29,9 @@ from typing import Any
 
 from verify.live.config import SERVER
 from verify.live.grid import CONTROL_MAX
-from verify.live.probe import SetupError
+from verify.live.probe import SetupError, same_format_warning
 from verify.live.states import (
+    ANSWER,
     ERROR,
     FAIL,
     MEASURED,
@@ -34,7 +40,9 @@ from verify.live.states import (
     STATES,
     TRUNCATED,
     UNMEASURED,
+    Judging,
     count_states,
+    judge_record,
     kind_of,
     remedy,
     state_of,
@@ -88,7 +96,11 @@ class TargetPlan:
 def resolve_target(
     explicit: int | None, planned: Sequence[Mapping[str, Any]], limit: int | None, max_model_len: int | None
 ) -> TargetPlan:
+    """The gate target before the run. A target must be planned (the gate measures what it claims)
+    and lie past the controls (at 2K or fewer the indexer selects every key: nothing to gate on)."""
     gate_scenarios = gate_scenarios_for(r["scenario"] for r in planned)
+    lengths = sorted({r["base_length"] for r in planned if r["scenario"] in gate_scenarios})
+    listed = f"{', '.join(gate_scenarios)} ({', '.join(map(str, lengths))})"
     if explicit is not None:
         if limit is not None and explicit > limit:
             raise SetupError(
@@ -96,16 +108,28 @@ def resolve_target(
                 f"(max_model_len {max_model_len}). Lower --target-length, or relaunch SGLang with a larger "
                 "--context-length."
             )
-        return TargetPlan(explicit, limit, explicit, gate_scenarios)
-    target = default_target(planned, gate_scenarios, limit)
-    if target == 0:
-        lengths = sorted({r["base_length"] for r in planned if r["scenario"] in gate_scenarios})
+        if explicit not in lengths:
+            raise SetupError(
+                f"--target-length {explicit} is not a planned length of {listed}: nothing would measure it. "
+                "Add it to --lengths, raise --max-length to it, or pick a planned length."
+            )
+        target = explicit
+    else:
+        target = default_target(planned, gate_scenarios, limit)
+        if target == 0:
+            raise SetupError(
+                f"no planned length of {listed} fits the server's context (at most {limit} prompt tokens, "
+                f"max_model_len {max_model_len}); pass --lengths within it, or relaunch SGLang with a larger "
+                "--context-length."
+            )
+    if target <= CONTROL_MAX:
+        why = "--target-length" if explicit is not None else "the longest planned length the server holds"
         raise SetupError(
-            f"no planned length of {', '.join(gate_scenarios)} ({', '.join(map(str, lengths))}) fits the "
-            f"server's context (at most {limit} prompt tokens, max_model_len {max_model_len}); pass --lengths "
-            "within it, or relaunch SGLang with a larger --context-length."
+            f"the gate target would be {target:,} tokens ({why}): only controls, where DeepSeek-V4's indexer "
+            f"selects every key, so nothing would test the index keys. Plan a length past {CONTROL_MAX:,} "
+            f"({listed}) within the server's context."
         )
-    return TargetPlan(None, limit, target, gate_scenarios)
+    return TargetPlan(explicit, limit, target, gate_scenarios)
 
 
 @dataclass(frozen=True)
@@ -151,6 +175,9 @@ class Evaluation:
     ab: list[ABCell]
     aborted: str | None
     missing: list[Missing]
+    blockers: list[str]  # why not PASS beyond the missing requests (e.g. a gate of controls alone)
+    qualifiers: list[str]  # conditions a verdict holds under, said beside it (e.g. calibrated sizing)
+    judging: Judging
     verdict: str  # PASS, FAIL or INCOMPLETE
 
     @property
@@ -162,14 +189,15 @@ class Evaluation:
         return self.verdict == "PASS"
 
 
-def with_unmeasured(
-    planned: Sequence[Mapping[str, Any]], latest: Mapping[str, dict[str, Any]]
+def judged(
+    planned: Sequence[Mapping[str, Any]], latest: Mapping[str, Mapping[str, Any]], judging: Judging
 ) -> list[dict[str, Any]]:
-    """Every planned request once: the record on disk, or a stub in state 'unmeasured'."""
+    """Every planned request once: its stored observation judged under `judging`, or a stub in
+    state 'unmeasured'."""
     return [
-        latest[p["key"]]
+        judge_record(latest[p["key"]], judging)
         if p["key"] in latest
-        else dict(p) | {"state": UNMEASURED, "passed": False, "ok": False}
+        else dict(p) | {"state": UNMEASURED, "kind": "", "passed": False, "ok": False, "faults": []}
         for p in planned
     ]
 
@@ -267,11 +295,13 @@ def _status(fails: Sequence[Any], missing: Sequence[Any], empty: bool = False) -
 
 def evaluate(
     planned: Sequence[Mapping[str, Any]],
-    latest: Mapping[str, dict[str, Any]],
+    latest: Mapping[str, Mapping[str, Any]],
     target: TargetPlan,
     aborted: str | None,
+    judging: Judging,
 ) -> Evaluation:
-    records = with_unmeasured(planned, latest)
+    """The verdict from the stored observations (`latest`: key -> record), judged under `judging`."""
+    records = judged(planned, latest, judging)
     cells = summarize_cells(records)
     arms = sorted({r["arm"] for r in records}, key=lambda a: (a != SERVER, a))
     states = {arm: count_states(r for r in records if r["arm"] == arm) for arm in arms}
@@ -318,12 +348,20 @@ def evaluate(
         detail += f"; {len(len_fail)} wrong answers at or below the target, e.g. {_describe(len_fail[0])}"
     if len_missing:
         detail += "; not measured: " + _summary(_missing(len_missing))
-    if target_length == 0:
-        detail += "; no gate length can be measured on this server"
+    blockers: list[str] = []
+    if not any(r["base_length"] > CONTROL_MAX for r in lengths):
+        # Controls say the deployment works; only longer prompts can show an index-key defect.
+        why = (
+            f"the gate holds no length past the controls (target {target_length:,}: {target_note}), and at "
+            f"{CONTROL_MAX:,} tokens or fewer DeepSeek-V4's indexer selects every key, so nothing here tested "
+            "the index keys; relaunch with a larger --context-length, or plan lengths the server holds"
+        )
+        detail += "; " + why
+        blockers.append(why)
     checks.append(
         Check(
             f"every depth passes up to the target ({target_length:,} tokens)",
-            _status(len_fail, len_missing, empty=target_length == 0),
+            _status(len_fail, len_missing, empty=bool(blockers)),
             detail,
             True,
         )
@@ -341,15 +379,7 @@ def evaluate(
 
     # Informational checks: reported, never deciding the verdict.
     seq_cells = [c for c in cells if c.arm == SERVER and c.group == "sequential"]
-    n_trunc = states.get(SERVER, {}).get(TRUNCATED, 0)
-    checks.append(
-        Check(
-            "no prompt truncated (server prompt_tokens match what was sent)",
-            FAILED if n_trunc else OK,
-            f"{n_trunc} truncated requests (not scored)" if n_trunc else "none",
-            False,
-        )
-    )
+    checks.append(_truncation_check(records, states.get(SERVER, {}).get(TRUNCATED, 0), judging))
     if any(c.planned > 1 for c in seq_cells):
         disagree = [c for c in seq_cells if c.answers_agree is False]
         short = [c for c in seq_cells if c.planned > 1 and c.answers_agree is None]
@@ -398,6 +428,10 @@ def evaluate(
         )
     ab = ab_cells(cells)
     checks += _ab_checks(ab)
+    formats = {r["arm"]: str(r["index_k_format"]) for r in records if r.get("index_k_format")}
+    warning = same_format_warning(list(formats.values())) if ab else None
+    if warning:
+        checks.append(Check("A/B: the two servers differ in index-K format", INCOMPLETE, warning, False))
 
     gate_checks = [c for c in checks if c.gate]
     if any(c.status == FAILED for c in gate_checks):
@@ -406,6 +440,17 @@ def evaluate(
         verdict = "INCOMPLETE"
     else:
         verdict = "PASS"
+    found = [
+        f"the {arm}'s records span {n} launches of the server (resumed across a relaunch with "
+        "--accept-relaunch: same URL, model path, version and server args)"
+        for arm in arms
+        if (n := len({r["launch"] for r in records if r["arm"] == arm and r.get("launch")})) > 1
+    ]
+    if judging.accept_calibrated and _calibrated(records):
+        found.append(
+            "calibrated sizing accepted (--accept-calibrated): the server has no tokenize endpoint, so a "
+            "prompt truncated by less than 5% could not be told from a calibration miss"
+        )
     return Evaluation(
         records=records,
         cells=cells,
@@ -420,8 +465,32 @@ def evaluate(
         ab=ab,
         aborted=aborted,
         missing=missing,
+        blockers=blockers,
+        qualifiers=found,
+        judging=judging,
         verdict=verdict,
     )
+
+
+def _calibrated(records: Iterable[Mapping[str, Any]]) -> bool:
+    return any(r.get("arm") == SERVER and r.get("sizing") == "calibrated" for r in records)
+
+
+def _truncation_check(records: Sequence[Mapping[str, Any]], n_trunc: int, judging: Judging) -> Check:
+    """Truncation is checkable only where sizes are exact; elsewhere the row says so, never 'ok'."""
+    name = "no prompt truncated (server prompt_tokens match what was sent)"
+    if n_trunc:
+        return Check(name, FAILED, f"{n_trunc} truncated requests (not scored)", False)
+    if _calibrated(records):
+        detail = (
+            "not checkable here: sizes are calibrated (no tokenize endpoint), so a few missing tokens look "
+            "like a calibration miss"
+        )
+        if judging.accept_calibrated:
+            detail += "; scored anyway (--accept-calibrated)"
+        return Check(name, INCOMPLETE, detail, False)
+    answered = sum(1 for r in records if r.get("arm") == SERVER and r.get("observed") == ANSWER)
+    return Check(name, OK, f"none (of {answered} answers, tolerance {judging.token_tolerance} tokens)", False)
 
 
 def _ruler_rows(
@@ -493,11 +562,15 @@ def _ab_checks(ab: Sequence[ABCell]) -> list[Check]:
     return checks
 
 
-def outcome(ev: Evaluation, command: str) -> dict[str, Any]:
-    """What run.json records about the result: the verdict, its exit code and every count."""
+def outcome(ev: Evaluation, command: str, exit_code: int | None = None) -> dict[str, Any]:
+    """What run.json records about the result: the verdict, the exit code (the verdict's, or an
+    interruption's), the settings it was judged with and every count."""
     return {
         "verdict": ev.verdict,
-        "exit_code": ev.exit_code,
+        "exit_code": ev.exit_code if exit_code is None else exit_code,
+        "judging": ev.judging.as_dict(),
+        "qualifiers": ev.qualifiers,
+        "blockers": ev.blockers,
         "target_length": ev.target_length,
         "target_note": ev.target_note,
         "planned": {arm: sum(n.values()) for arm, n in ev.states.items()},

@@ -99,11 +99,13 @@ class GridOptions:
     concurrency_lengths_min: int = 4509
     # The server's longest prompt: when --max-length is beyond it, that limit is tried instead.
     server_limit: int | None = None
+    # --target-length: the gate scenarios are planned at it, so the gate measures what it claims.
+    target_length: int | None = None
 
     def effective_max(self) -> int:
         if self.max_length is not None:
             return self.max_length
-        return QUICK_MAX_LENGTH if self.quick else DEFAULT_MAX_LENGTH
+        return max(QUICK_MAX_LENGTH if self.quick else DEFAULT_MAX_LENGTH, self.target_length or 0)
 
     def nudge_modes(self) -> tuple[str, ...]:
         if self.nudge is not None:
@@ -126,6 +128,8 @@ def base_cells(opts: GridOptions) -> list[Cell]:
             lengths.append(opts.max_length)  # the user-set maximum is always tried
             if opts.server_limit is not None and opts.server_limit < opts.max_length:
                 lengths.append(opts.server_limit - 3)  # ...or the longest the server holds (room for nudges)
+        if scenario in LENGTH_SWEPT and opts.lengths is None and opts.target_length is not None:
+            lengths.append(opts.target_length)  # --lengths, when given, must hold it (gate.resolve_target)
         lengths = sorted({n for n in lengths if n <= max_len})
         depths = g.depths if (opts.depths is None or scenario == "shared_prefix") else opts.depths
         for length in lengths:

@@ -11,9 +11,10 @@ from typing import Any
 from verify.live.config import BASELINE, SERVER, RunConfig
 from verify.live.gate import FAILED, INCOMPLETE, Evaluation, max_passing_length
 from verify.live.grid import CONTROL_MAX
-from verify.live.probe import ServerProfile
+from verify.live.probe import ServerProfile, same_format_warning
 from verify.live.scenarios import SCENARIOS, max_tokens_for
 from verify.live.states import (
+    ANSWER_FAULTS,
     ERROR,
     FAIL,
     LETTERS,
@@ -36,6 +37,7 @@ STATUS_TEXT = {"ok": "ok", FAILED: "**FAIL**", INCOMPLETE: "**INCOMPLETE**"}
 ENV_ROWS = (
     ("URL", lambda p: p.url),
     ("model", lambda p: p.model),
+    ("identity (a resume must match)", lambda p: _identity(p)),
     ("served models", lambda p: ", ".join(str(m.get("id")) for m in p.models)),
     ("index-K format", lambda p: f"**{p.index_k_format}** ({p.index_k_source})"),
     ("SGLang version", lambda p: _info(p, "version")),
@@ -57,10 +59,16 @@ ENV_ROWS = (
 
 
 def _info(p: ServerProfile, key: str) -> Any:
-    if not p.server_info:
-        return "-"
-    v = p.server_info.get(key)
+    v = p.info(key)  # where the server puts it: max_total_num_tokens may sit in internal_states
     return "-" if v is None else v
+
+
+def _identity(p: ServerProfile) -> str:
+    ident = p.identity()
+    return (
+        f"server args digest {ident['server_args_digest'] or '-'}, version {ident['version'] or '-'}, "
+        f"launch {ident['launch'] or 'not exposed'}"
+    )
 
 
 def _code(v: Any) -> str:
@@ -87,7 +95,9 @@ def render_report(
     labels = arm_labels(profiles)
     arms = [a for a in (SERVER, BASELINE) if a in profiles]
     out: list[str] = []
-    out.append(f"# verify_recall, live tier: {ev.verdict}\n")
+    out.append(f"# verify_recall, live tier: {ev.verdict}" + (" (qualified)" if ev.qualifiers else "") + "\n")
+    for q in ev.qualifiers:
+        out.append(f"> **{ev.verdict}, qualified:** {q}.\n")
     if ev.aborted:
         out.append(f"> **Run stopped early:** {ev.aborted}\n")
     out += _verdict_block(ev, command)
@@ -99,6 +109,9 @@ def render_report(
             for a in arms
         )
         + ".\n"
+    )
+    out.append(
+        f"Judged with: {ev.judging.describe()}. States are judged from the stored observations at each report.\n"
     )
     out += _states_table(ev, arms, labels)
     out.append("| | check | result | detail |\n|---|---|---|---|")
@@ -178,14 +191,16 @@ def render_report(
         out += _scenario_section(ev.cells, s, arms, labels, image_names)
 
     if BASELINE in profiles:
-        out += _ab_section(ev, labels)
+        warning = same_format_warning([profiles[a].index_k_format for a in arms])
+        out += _ab_section(ev, labels, warning)
     out += _robustness_section(ev)
-    out += _problems_section(ev)
+    out += _problems_section(ev, profiles)
     out.append("## Files\n")
     out.append(
-        "- `requests.jsonl`: one line per request (state, prompt hash, expected, answer, usage, "
-        "finish_reason, TTFT, error kind)"
+        "- `requests.jsonl`: one line per request, what was observed (prompt hash, expected, answer, "
+        "reasoning, usage, finish_reason, TTFT, fault kind, retried faults); no states"
     )
+    out.append("- `states.csv`: one row per planned request, its state as judged for this report")
     out.append(
         "- `summary.csv`: one row per cell and pass group, with its state"
         + (", `ab_deltas.csv`: paired cells" if ev.ab else "")
@@ -213,15 +228,17 @@ def _verdict_block(ev: Evaluation, command: str) -> list[str]:
             + ("; the run stopped early" if ev.aborted else "")
             + ". Nothing here is a recall failure. What completes it:"
         ]
-    if ev.missing:
+    if ev.missing or ev.blockers:
         out.append(">")
         for m in ev.missing:
             example = m.example.replace("\n", " ")[:200]
             out.append(f"> - {m.count} {m.label}, e.g. {example}: {m.remedy}")
+        for b in ev.blockers:
+            out.append(f"> - {b}")
     if ev.verdict == "INCOMPLETE" or ev.missing:
         first = (
             "Rerun to complete"
-            if all(m.rerun_completes for m in ev.missing)
+            if all(m.rerun_completes for m in ev.missing) and not ev.blockers
             else "After the fixes above, rerun"
         )
         out.append(">")
@@ -296,29 +313,29 @@ def _scenario_section(
     if open_cells:
         out.append(f"\nServer cells that did not pass ({len(open_cells)}; the first 12, failures first):\n")
         out.append(
-            "| state | cell | prompt_tokens read / sent | needle at token | expected | answer | first wrong char | finish |"
+            "| state | cell | prompt_tokens read / sent | needle at token | expected | answer | first wrong char "
+            "| finish | faults beside it |"
         )
-        out.append("|---|---|---|---|---|---|---|---|")
+        out.append("|---|---|---|---|---|---|---|---|---|")
         for c in open_cells[:12]:
             r = next(r for r in c.records if state_of(r) == c.state)
-            state = c.state + (
-                f" ({r.get('error_kind') or r.get('unchecked_kind')})"
-                if c.state in (ERROR, UNCHECKED)
-                else ""
-            )
+            state = c.state + (f" ({r.get('kind')})" if c.state in (ERROR, UNCHECKED) else "")
             answer = r.get("answer") if "answer" in r else f"[{r.get('error_kind')}] {r.get('error', '')}"
+            faults = ", ".join(ANSWER_FAULTS[f] for f in r.get("faults") or []) or "-"
             out.append(
                 f"| {state} | {_cell(c.cell_id)} | {r.get('prompt_tokens', '-')} / {r.get('measured_tokens', '-')} | "
                 f"{r.get('needle_token_pos')} | {_cell(', '.join(r.get('expected') or []))} | "
-                f"{_cell(str(answer)[:90])} | {r.get('first_wrong_char')} | {r.get('finish_reason')} |"
+                f"{_cell(str(answer)[:90])} | {r.get('first_wrong_char')} | {r.get('finish_reason')} | {faults} |"
             )
     out.append("")
     return out
 
 
-def _ab_section(ev: Evaluation, labels: dict[str, str]) -> list[str]:
+def _ab_section(ev: Evaluation, labels: dict[str, str], warning: str | None) -> list[str]:
     s, b = labels.get(SERVER, SERVER), labels.get(BASELINE, BASELINE)
     out = ["## A/B: identical prompts on both servers\n"]
+    if warning:
+        out.append(f"> **Warning:** {warning}.\n")
     paired = [x for x in ev.ab if x.delta is not None]
     worse = [x for x in paired if (x.delta or 0) < 0]
     better = [x for x in paired if (x.delta or 0) > 0]
@@ -393,31 +410,42 @@ def _robustness_section(ev: Evaluation) -> list[str]:
     return out
 
 
-def _problems_section(ev: Evaluation) -> list[str]:
+def _problems_section(ev: Evaluation, profiles: dict[str, ServerProfile]) -> list[str]:
     out = ["## Problems\n"]
     skipped: Counter[str] = Counter()
     errors: dict[tuple[str, str], list[str]] = defaultdict(list)
     unchecked: dict[tuple[str, str], list[str]] = defaultdict(list)
     trunc: dict[str, list[str]] = defaultdict(list)
-    reasoning: Counter[str] = Counter()
+    reasoning: dict[str, Counter[str]] = defaultdict(Counter)  # arm -> state of the answers it came with
     followups: Counter[str] = Counter()
+    retried: dict[str, Counter[str]] = defaultdict(Counter)  # arm -> "kind (stage)" -> faults retried away
     off_by: list[int] = []
     for r in ev.records:
         st, arm, where = state_of(r), r["arm"], f"{r['scenario']} {r['cell_id']}"
         if st == SKIPPED:
             skipped[f"{arm}: {r.get('reason')}"] += 1
         elif st == ERROR:
-            errors[(arm, str(r.get("error_kind")))].append(f"{where}: {r.get('error')}")
+            errors[(arm, str(r.get("kind")))].append(f"{where}: {r.get('reason')}")
         elif st == UNCHECKED:
-            unchecked[(arm, str(r.get("unchecked_kind")))].append(f"{where}: {r.get('reason')}")
+            unchecked[(arm, str(r.get("kind")))].append(f"{where}: {r.get('reason')}")
         elif st == TRUNCATED:
             trunc[arm].append(f"{where}: {r.get('reason')}")
-        if r.get("reasoning_with_thinking_off"):
-            reasoning[arm] += 1
+        if (
+            "reasoning_with_thinking_off" in (r.get("faults") or [])
+            or r.get("kind") == "reasoning_with_thinking_off"
+        ):
+            reasoning[arm][st] += 1
         if r.get("usage_source") == "non_stream_followup" or r.get("usage_followup_error"):
             followups[arm] += 1
+        for kind in r.get("retried") or []:
+            retried[arm][f"{kind} (request)"] += 1
+        for kind in r.get("sizing_retried") or []:
+            retried[arm][f"{kind} (sizing)"] += 1
         if st in (PASS, FAIL) and r.get("token_delta"):
             off_by.append(int(r["token_delta"]))
+    for arm, p in profiles.items():
+        for kind in p.startup_retried:
+            retried[arm][f"{kind} (start-up)"] += 1
     if ev.aborted:
         out.append(f"- Run stopped early: {ev.aborted}")
     for arm, n in sorted(ev.states.items()):
@@ -439,16 +467,25 @@ def _problems_section(ev: Evaluation) -> list[str]:
             f"- {len(items)} unchecked requests on {arm} ({kind}; not scored), e.g. {items[0]}. "
             f"{remedy(UNCHECKED, kind)[1]}"
         )
-    for arm, n in sorted(reasoning.items()):
+    for arm, by_state in sorted(reasoning.items()):
+        cut = by_state.get(ERROR, 0)
+        scored = by_state.get(PASS, 0) + by_state.get(FAIL, 0)
+        other = sum(by_state.values()) - cut - scored
         out.append(
-            f"- {n} answers on {arm} came with reasoning content although thinking was off: reasoning "
-            "spends the answer's max_tokens and cuts answers short (wrong ones are the "
-            "`reasoning_with_thinking_off` errors above)"
+            f"- {sum(by_state.values())} answers on {arm} came with reasoning content although thinking was off "
+            f"(check chat_template_kwargs and --reasoning-parser): {scored} complete and scored as answers "
+            f"({by_state.get(FAIL, 0)} wrong), {cut} cut at max_tokens (the `reasoning_with_thinking_off` errors)"
+            + (f", {other} not scored for another reason (above)" if other else "")
         )
     for arm, n in sorted(followups.items()):
         out.append(
             f"- {n} streamed answers on {arm} had no usage.prompt_tokens; each was asked again without "
             "streaming for the count (a proxy dropping stream_options.include_usage?)"
+        )
+    for arm, kinds in sorted(retried.items()):
+        out.append(
+            f"- Retried faults on {arm} (retried away; the requests were then answered or recorded above): "
+            + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
         )
     if off_by:
         out.append(
@@ -459,3 +496,22 @@ def _problems_section(ev: Evaluation) -> list[str]:
         out.append("- none")
     out.append("")
     return out
+
+
+def render_setup_report(verdict: str, message: str, command: str, n_records: int) -> str:
+    """The report of a run that could not start: it replaces an earlier report, which would
+    otherwise stand in the folder as if it were this run's."""
+    rerun = (
+        f"Rerun to complete: `{command}`."
+        if verdict == "INCOMPLETE"
+        else f"After fixing it, rerun: `{command}`."
+    )
+    earlier = (
+        f"The {n_records} records in `requests.jsonl` are from earlier runs; a run that starts reports them again."
+        if n_records
+        else "Nothing was measured."
+    )
+    return (
+        f"# verify_recall, live tier: {verdict}\n\n"
+        f"> **The run could not start:** {message}\n>\n> {rerun}\n\n{earlier}\n"
+    )

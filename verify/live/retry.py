@@ -55,8 +55,11 @@ async def with_retries(
     policy: RetryPolicy,
     call: Callable[[], Awaitable[T]],
     keep_trying: Callable[[RequestFailure], Awaitable[bool]] | None = None,
+    retried: list[str] | None = None,
 ) -> T:
-    """`call()` until it succeeds or the policy gives up; the last failure carries `attempts`."""
+    """`call()` until it succeeds or the policy gives up; the last failure carries `attempts`.
+    The kind of every failure that was retried is appended to `retried` (the report lists them:
+    a fault retried away is still a fault of the deployment)."""
     done = 0
     while True:
         try:
@@ -67,4 +70,6 @@ async def with_retries(
             if wait is None or (keep_trying is not None and not await keep_trying(e)):
                 raise
             done += 1
+            if retried is not None:
+                retried.append(e.kind)
             await asyncio.sleep(wait)

@@ -8,6 +8,11 @@ Passes, in order:
 
 With a baseline, each prompt is built once and sent to both servers at the same time, so the two
 arms always see byte-identical prompts.
+
+Each request appends what was observed (store.py), never a verdict: whether a stored request is
+done, and what the report says of it, is judged under the current settings (states.judge_record).
+Before anything is sent, the out directory must belong to these servers and settings (identity,
+store.check_resume), and each server must report the index-K format it is expected to have.
 """
 
 from __future__ import annotations
@@ -33,22 +38,31 @@ from verify.live.fit import Fit, FitCache, FitError, Knobs, fit_layout
 from verify.live.gate import TargetPlan, resolve_target
 from verify.live.grid import CONTROL_MAX, GridOptions, base_cells, concurrency_cells, is_control
 from verify.live.layouts import Rendered
-from verify.live.probe import ServerProfile, SetupError, make_counter, profile_server
+from verify.live.probe import (
+    ServerProfile,
+    SetupError,
+    check_format,
+    make_counter,
+    profile_server,
+    same_format_warning,
+)
 from verify.live.retry import RetryPolicy, with_retries
 from verify.live.scenarios import SHARED_PREFIX_DEPTHS, Cell, PromptSpec, build, max_tokens_for
 from verify.live.scoring import score_answer
 from verify.live.states import (
+    ANSWER,
     ERROR,
-    MEASURED,
-    PASS,
-    SKIPPED,
+    FAULT,
+    SKIP,
     TRANSIENT_KINDS,
     TRUNCATED,
     UNCHECKED,
-    judge,
+    Judging,
+    is_done,
+    judge_record,
     remedy,
 )
-from verify.live.store import ResultStore, check_resume, record_key, write_run_file
+from verify.live.store import ResultStore, check_resume, record_key, set_aside, write_run_file
 from verify.live.tokens import PromptSize, TokenCounter, rendered_chars, size_of
 
 # The default per-request timeout grows with the work asked for (a flat 600 s made every hang cost
@@ -105,6 +119,7 @@ class RunState:
     fits: FitCache
     bar: Any  # tqdm
     policy: RetryPolicy
+    judging: Judging
     abort: asyncio.Event = field(default_factory=asyncio.Event)
     abort_reason: str = ""
     warned: set[str] = field(default_factory=set)
@@ -113,12 +128,15 @@ class RunState:
 
 @dataclass
 class RunResult:
-    profiles: dict[str, ServerProfile]
-    counter_description: str
-    planned: list[dict[str, Any]]  # one cell record (no result) per planned request, in plan order
-    aborted: str | None
-    target: TargetPlan
-    fingerprint: dict[str, Any]
+    """Filled in as the run gets that far, so an interrupted run still reports what it planned."""
+
+    judging: Judging
+    profiles: dict[str, ServerProfile] = field(default_factory=dict)
+    counter_description: str = ""
+    planned: list[dict[str, Any]] = field(default_factory=list)  # one cell record per planned request
+    aborted: str | None = None
+    target: TargetPlan | None = None  # None until the plan is made
+    fingerprint: dict[str, Any] = field(default_factory=dict)
 
 
 def _now() -> str:
@@ -187,24 +205,29 @@ def planned_record(arm: str, item: WorkItem, seed: int) -> dict[str, Any]:
     }
 
 
-async def setup_arms(cfg: RunConfig) -> list[Arm]:
+async def setup_arms(cfg: RunConfig, policy: RetryPolicy) -> list[Arm]:
     arms: list[Arm] = []
     side_timeout = cfg.timeout_s if cfg.timeout_s is not None else SIDE_TIMEOUT_S
+    expected = {
+        SERVER: (cfg.expect_format, "--expect-format"),
+        BASELINE: (cfg.baseline_expect_format, "--baseline-expect-format"),
+    }
     for name, url, model in cfg.arms():
         client = ArmClient(name, url, cfg.api_key, side_timeout)
         try:
             if name == BASELINE and model is None and arms:
                 # Same served name as the server arm when the baseline serves it too.
-                probe = await profile_server(client, None)
+                probe = await profile_server(client, None, policy)
                 wanted = arms[0].profile.model
                 if wanted in [str(m.get("id")) for m in probe.models]:
-                    probe = await profile_server(client, wanted)
+                    probe = await profile_server(client, wanted, policy)
                 else:
                     probe.notes.append(f"baseline does not serve {wanted!r}; using its {probe.model!r}")
                 profile = probe
             else:
-                profile = await profile_server(client, model)
-        except SetupError:
+                profile = await profile_server(client, model, policy)
+            check_format(profile, *expected[name])
+        except BaseException:
             await client.aclose()
             for a in arms:
                 await a.client.aclose()
@@ -222,11 +245,11 @@ def fingerprint(cfg: RunConfig, arms: Sequence[Arm], counter: TokenCounter) -> d
         "max_tokens": cfg.max_tokens,
         "stream": cfg.stream,
         "arms": {
-            a.name: {
-                "url": a.profile.url,
-                "model": a.profile.model,
-                "index_k_format": a.profile.index_k_format,
+            # The args themselves too, so a refused resume can name the ones that differ.
+            a.name: a.profile.identity()
+            | {
                 "tokenizer": counter.mode if a.name == SERVER else None,
+                "server_args": a.profile.server_args(),
             }
             for a in arms
         },
@@ -252,7 +275,7 @@ def _keep_trying(arm: Arm) -> Callable[[RequestFailure], Awaitable[bool]]:
     return check
 
 
-async def make_prompt(state: RunState, item: WorkItem) -> tuple[PromptSpec, Fit]:
+async def make_prompt(state: RunState, item: WorkItem, retried: list[str]) -> tuple[PromptSpec, Fit]:
     """The cell's prompt, sized to its target with the server's tokenizer (or calibrated estimate).
 
     Cells of a shared-prefix group are sized once, on the group's first question, and every other
@@ -267,7 +290,9 @@ async def make_prompt(state: RunState, item: WorkItem) -> tuple[PromptSpec, Fit]
     server = state.arms[0]
 
     async def count(r: Rendered) -> int:
-        return await with_retries(state.policy, lambda: state.counter.count(r, family), _keep_trying(server))
+        return await with_retries(
+            state.policy, lambda: state.counter.count(r, family), _keep_trying(server), retried
+        )
 
     grouped = cell.fit_group != f"{cell.scenario}|{cell.cell_id}"
     fit = state.fits.get(key)
@@ -317,15 +342,17 @@ def _base_record(state: RunState, arm: Arm, item: WorkItem) -> dict[str, Any]:
         "url": arm.profile.url,
         "model": arm.profile.model,
         "index_k_format": arm.profile.index_k_format,
+        "launch": arm.profile.identity()["launch"],
     }
 
 
-def _prompt_fields(item: WorkItem, spec: PromptSpec, fit: Fit) -> dict[str, Any]:
+def _prompt_fields(state: RunState, item: WorkItem, spec: PromptSpec, fit: Fit) -> dict[str, Any]:
     blob = json.dumps({"messages": fit.rendered.messages, "tools": fit.rendered.tools}, sort_keys=True)
     frac = fit.rendered.needle_frac
     return {
-        "measured_tokens": fit.tokens,
+        "measured_tokens": fit.tokens,  # what was sent, as the counter counts it
         "aim_tokens": fit.target,  # the cell's target, or a calibrated control's lower aim
+        "sizing": "exact" if state.counter.exact else "calibrated",  # can a shortfall be seen at all
         "fit_exact": fit.exact,
         "fit_calls": fit.calls,
         "fit_key": fit_key(item),
@@ -343,46 +370,33 @@ def _prompt_fields(item: WorkItem, spec: PromptSpec, fit: Fit) -> dict[str, Any]
     }
 
 
-def _error_fields(e: RequestFailure, stage: str) -> dict[str, Any]:
+def _error_fields(e: RequestFailure, stage: str, retried: Sequence[str]) -> dict[str, Any]:
     return {
-        "state": ERROR,
+        "observed": FAULT,
         "error_kind": e.kind,
         "error": e.message,
         "stage": stage,  # "sizing" (tokenize / calibration) or "request" (the chat completion)
         "attempts": e.attempts,
-        "passed": False,
+        "retried": list(retried),
         "ok": False,
     }
 
 
-def _result_fields(
-    state: RunState, item: WorkItem, spec: PromptSpec, fit: Fit, res: ChatResult, pt: int | None
-) -> dict[str, Any]:
+def _result_fields(spec: PromptSpec, fit: Fit, res: ChatResult, pt: int | None) -> dict[str, Any]:
+    """What came back, as it came: the state is judged from these later (states.judge_record)."""
     answer = res.answer_text()
     sc = score_answer(answer, spec.expected, spec.distractors)
-    verdict, kind, reason = judge(
-        answer_ok=sc.ok,
-        finish_reason=res.finish_reason,
-        reasoning=res.reasoning,
-        thinking=state.cfg.thinking,
-        prompt_tokens=pt,
-        sent_tokens=fit.tokens,
-        target_tokens=fit.target,
-        exact_sizes=state.counter.exact,
-        truncation_tolerance=state.cfg.token_tolerance,
-    )
     decode_s = (res.latency_s - res.ttft_s) if res.ttft_s is not None else None
     tok_s = (
         (res.completion_tokens - 1) / decode_s
         if res.completion_tokens and res.completion_tokens > 1 and decode_s and decode_s > 0
         else None
     )
-    fields: dict[str, Any] = {
-        "state": verdict,
+    return {
+        "observed": ANSWER,
         "answer": answer,
         "content": res.content,
         "reasoning": res.reasoning[:4000],
-        "reasoning_with_thinking_off": bool(res.reasoning) and not state.cfg.thinking,
         "tool_calls": res.tool_calls,
         "finish_reason": res.finish_reason,
         "prompt_tokens": pt,
@@ -393,19 +407,10 @@ def _result_fields(
         "decode_tok_s": round(tok_s, 2) if tok_s else None,
         "score": sc.score,
         "ok": sc.ok,  # the answer holds every expected value (scored or not)
-        "passed": verdict == PASS,
         "first_wrong_char": sc.first_wrong_char,
         "distractor_hit": sc.distractor_hit,
         "response_model": res.response_model,
-        "control": is_control(item.cell.base_length, pt if pt is not None else fit.tokens),
     }
-    if verdict == ERROR:
-        fields |= {"error_kind": kind, "error": reason, "stage": "answer"}
-    elif verdict == UNCHECKED:
-        fields |= {"unchecked_kind": kind, "reason": reason}
-    elif verdict == TRUNCATED:
-        fields["reason"] = reason
-    return fields
 
 
 async def _is_alive(arm: Arm) -> bool:
@@ -416,13 +421,20 @@ async def _is_alive(arm: Arm) -> bool:
         return False
 
 
-async def run_arm(state: RunState, arm: Arm, item: WorkItem, spec: PromptSpec, fit: Fit) -> None:
+async def run_arm(
+    state: RunState, arm: Arm, item: WorkItem, spec: PromptSpec, fit: Fit, sizing_retried: Sequence[str]
+) -> None:
     cfg = state.cfg
     mt = max_tokens_for(item.cell.scenario, cfg.thinking, cfg.max_tokens)
     timeout = request_timeout(cfg, fit.tokens, mt)
-    rec = _base_record(state, arm, item) | _prompt_fields(item, spec, fit) | {"timeout_s": round(timeout, 1)}
+    rec = (
+        _base_record(state, arm, item)
+        | _prompt_fields(state, item, spec, fit)
+        | {"timeout_s": round(timeout, 1), "sizing_retried": list(sizing_retried)}
+    )
 
     sent = 0  # requests sent for this cell, retries included
+    retried: list[str] = []  # the kind of every fault retried away
 
     async def ask(sampling: Sampling) -> ChatResult:
         def once() -> Awaitable[ChatResult]:
@@ -430,12 +442,12 @@ async def run_arm(state: RunState, arm: Arm, item: WorkItem, spec: PromptSpec, f
             sent += 1
             return arm.client.chat(arm.profile.model, fit.rendered, sampling, mt, spec.tool_choice, timeout)
 
-        return await with_retries(state.policy, once, _keep_trying(arm))
+        return await with_retries(state.policy, once, _keep_trying(arm), retried)
 
     try:
         res = await ask(state.sampling)
     except RequestFailure as e:
-        state.store.append(rec | _error_fields(e, "request"))
+        state.store.append(rec | _error_fields(e, "request", retried))
         await _on_failure(state, arm, item, e)
         return
     pt = res.prompt_tokens
@@ -446,7 +458,8 @@ async def run_arm(state: RunState, arm: Arm, item: WorkItem, spec: PromptSpec, f
         try:
             again = await ask(replace(state.sampling, stream=False))
         except RequestFailure as e:
-            rec["usage_followup_error"] = e.message
+            # Recorded by kind: a timed-out count request is a timeout, not a server without usage.
+            rec |= {"usage_followup_error": e.message, "usage_followup_kind": e.kind}
         else:
             pt = again.prompt_tokens
             rec["usage_source"] = "non_stream_followup" if pt is not None else None
@@ -457,12 +470,13 @@ async def run_arm(state: RunState, arm: Arm, item: WorkItem, spec: PromptSpec, f
             "dropped by a proxy?); each such request is asked once more without streaming for the count "
             "(--no-stream avoids the second request).",
         )
-    rec |= _result_fields(state, item, spec, fit, res, pt) | {"attempts": sent}
+    rec |= _result_fields(spec, fit, res, pt) | {"attempts": sent, "retried": retried}
     state.store.append(rec)
     arm.consecutive_errors = 0
-    if arm.name == SERVER and pt is not None and rec["state"] != TRUNCATED:
+    judged = judge_record(rec, state.judging)
+    if arm.name == SERVER and pt is not None and judged["state"] != TRUNCATED:
         state.counter.observe(rec["family"], size_of(fit.rendered), pt)
-    _warn_about(state, arm, item, rec)
+    _warn_about(state, arm, item, judged)
 
 
 def _warn_about(state: RunState, arm: Arm, item: WorkItem, rec: dict[str, Any]) -> None:
@@ -475,24 +489,19 @@ def _warn_about(state: RunState, arm: Arm, item: WorkItem, rec: dict[str, Any]) 
             f"{rec['measured_tokens']}-token prompt {where}: the prompt was truncated (is --allow-auto-truncate "
             "on, or a proxy cutting requests?). Truncated cells are not scored; the gate cannot pass on them.",
         )
-    elif rec["state"] == UNCHECKED:
+    elif rec["state"] in (UNCHECKED, ERROR):
         _warn(
             state,
-            f"unchecked-{arm.name}-{rec['unchecked_kind']}",
-            f"WARNING: {rec['reason']} {where}: the cell is 'unchecked', not scored.",
+            f"{rec['state']}-{arm.name}-{rec['kind']}",
+            f"WARNING: {rec['reason']} {where}: reported as {rec['state']} '{rec['kind']}', not as a recall result.",
         )
-    elif rec["state"] == ERROR:
-        _warn(
-            state,
-            f"answer-{arm.name}-{rec['error_kind']}",
-            f"WARNING: {rec['error']} {where}: reported as error '{rec['error_kind']}', not as a recall failure.",
-        )
-    if rec.get("reasoning_with_thinking_off"):
+    if "reasoning_with_thinking_off" in rec["faults"] or rec["kind"] == "reasoning_with_thinking_off":
         _warn(
             state,
             f"reasoning-{arm.name}",
             f"WARNING: the {arm.client.label} returned reasoning content with thinking off {where}; it spends "
-            "the answer's max_tokens (check chat_template_kwargs / --reasoning-parser).",
+            "the answer's max_tokens (check chat_template_kwargs / --reasoning-parser). A complete answer is "
+            "still scored.",
         )
 
 
@@ -516,7 +525,8 @@ async def _on_failure(state: RunState, arm: Arm, item: WorkItem, e: RequestFailu
         _set_abort(
             state,
             f"the {arm.client.label} at {arm.profile.url} stopped answering ({e.message}). "
-            f"Results measured so far are in {state.store.path}; rerun the same command to resume.",
+            f"Results measured so far are in {state.store.path}; rerun the same command to resume once it "
+            "answers (a relaunched server also needs --accept-relaunch).",
         )
         return
     arm.consecutive_errors += 1
@@ -562,12 +572,21 @@ def _arm_skip_reason(state: RunState, arm: Arm, cell: Cell) -> str | None:
 def _record_skip(state: RunState, arm: Arm, item: WorkItem, reason: str, kind: str) -> None:
     key = item_key(arm.name, item)
     old = state.store.latest.get(key)
-    if old is not None and old.get("state") == SKIPPED and old.get("reason") == reason:
+    if old is not None and old.get("observed") == SKIP and old.get("reason") == reason:
         return  # already on disk from an earlier run
     state.store.append(
-        _base_record(state, arm, item)
-        | {"state": SKIPPED, "skip_kind": kind, "reason": reason, "passed": False, "ok": False}
+        _base_record(state, arm, item) | {"observed": SKIP, "skip_kind": kind, "reason": reason, "ok": False}
     )
+
+
+def _judged(state: RunState, arm: str, item: WorkItem) -> dict[str, Any] | None:
+    """The stored record of this request judged under this run's settings (not when it was written)."""
+    rec = state.store.latest.get(item_key(arm, item))
+    return None if rec is None else judge_record(rec, state.judging)
+
+
+def _done(state: RunState, arm: str, item: WorkItem) -> bool:
+    return is_done(_judged(state, arm, item))
 
 
 async def process(state: RunState, item: WorkItem) -> None:
@@ -576,8 +595,7 @@ async def process(state: RunState, item: WorkItem) -> None:
         return
     todo: list[Arm] = []
     for arm in state.arms:
-        key = item_key(arm.name, item)
-        if state.store.done(key):
+        if _done(state, arm.name, item):
             continue
         reason = _arm_skip_reason(state, arm, item.cell)
         if reason is not None:
@@ -587,8 +605,9 @@ async def process(state: RunState, item: WorkItem) -> None:
         todo.append(arm)
     if not todo:
         return
+    sizing_retried: list[str] = []
     try:
-        spec, fit = await make_prompt(state, item)
+        spec, fit = await make_prompt(state, item, sizing_retried)
     except FitError as e:
         for arm in todo:
             _record_skip(state, arm, item, f"cannot build the prompt: {e}", "unbuildable")
@@ -597,16 +616,24 @@ async def process(state: RunState, item: WorkItem) -> None:
     except RequestFailure as e:
         # Sizing failed (tokenize or a calibration probe, after the retries): the cell is recorded
         # as an error on every arm that needed it, never dropped, and a rerun retries it.
-        for arm in todo:
-            state.store.append(_base_record(state, arm, item) | _error_fields(e, "sizing"))
+        for i, arm in enumerate(todo):
+            # Sizing ran once for every arm: its retries are counted on the first record only.
+            state.store.append(
+                _base_record(state, arm, item) | _error_fields(e, "sizing", sizing_retried if i == 0 else [])
+            )
             state.bar.update(1)
         await _on_failure(state, state.arms[0], item, e)
         return
     if state.cfg.save_prompts:
         _save_prompt(state.cfg.out_dir, spec, fit)
-    await asyncio.gather(*(run_arm(state, arm, item, spec, fit) for arm in todo))
+    await asyncio.gather(
+        *(
+            run_arm(state, arm, item, spec, fit, sizing_retried if i == 0 else [])
+            for i, arm in enumerate(todo)
+        )
+    )
     state.bar.update(len(todo))
-    ok = sum(1 for a in todo if state.store.latest.get(item_key(a.name, item), {}).get("passed"))
+    ok = sum(1 for a in todo if (_judged(state, a.name, item) or {}).get("passed"))
     state.bar.set_postfix_str(
         f"{item.pass_name} {item.cell.scenario} L{item.cell.target_tokens} ok {ok}/{len(todo)}"
     )
@@ -638,15 +665,16 @@ async def run_pass(state: RunState, items: Sequence[WorkItem], workers: int) -> 
 
 
 def _todo_count(state: RunState, items: Sequence[WorkItem]) -> int:
-    return sum(1 for it in items for a in state.arms if not state.store.done(item_key(a.name, it)))
+    return sum(1 for it in items for a in state.arms if not _done(state, a.name, it))
 
 
-def _learn_from_earlier_runs(store: ResultStore, counter: TokenCounter) -> dict[str, Knobs]:
-    """Knobs of every measured prompt (resume renders them again), and the server's counts of them
-    (a calibrated counter re-fits from those too)."""
+def _learn_from_earlier_runs(store: ResultStore, counter: TokenCounter, judging: Judging) -> dict[str, Knobs]:
+    """Knobs of every prompt that is done (resume renders them again), and the server's counts of
+    them (a calibrated counter re-fits from those too)."""
     knobs: dict[str, Knobs] = {}
-    for rec in store.latest.values():
-        if rec.get("state") not in MEASURED or not rec.get("knobs") or not rec.get("fit_key"):
+    for raw in store.latest.values():
+        rec = judge_record(raw, judging)
+        if not is_done(rec) or not rec.get("knobs") or not rec.get("fit_key"):
             continue
         n_units, pad_words, pad_suffix = rec["knobs"]
         knobs.setdefault(rec["fit_key"], Knobs(int(n_units), int(pad_words), str(pad_suffix)))
@@ -658,34 +686,65 @@ def _learn_from_earlier_runs(store: ResultStore, counter: TokenCounter) -> dict[
     return knobs
 
 
-async def run(cfg: RunConfig) -> RunResult:
-    arms = await setup_arms(cfg)
+def _check_resume(cfg: RunConfig, fp: dict[str, Any]) -> None:
+    """Refuse an out directory of other settings or other servers; --restart sets it aside first,
+    --accept-relaunch resumes records of the same server settings measured before a relaunch (the
+    report then says so beside the verdict: gate.evaluate reads the launches off the records)."""
+    if cfg.restart:
+        moved = set_aside(cfg.out_dir)
+        if moved is not None:
+            print(f"verify.live: --restart: earlier records and outputs moved to {moved}", file=sys.stderr)
+        return
+    found = check_resume(cfg.out_dir, fp)
+    fresh = "use a new --out, or --restart to set these records aside and start afresh"
+    if found.settings:
+        raise SetupError(
+            f"{cfg.out_dir} holds results measured under other settings; {fresh}, or the same settings "
+            "to resume:\n  " + "\n  ".join(found.settings)
+        )
+    if found.identity:
+        raise SetupError(
+            f"{cfg.out_dir} holds results of another server, and they are never reported as this one's; "
+            f"{fresh}:\n  " + "\n  ".join(found.identity)
+        )
+    if found.relaunched and not cfg.accept_relaunch:
+        raise SetupError(
+            f"{cfg.out_dir} holds results of an earlier launch of a server with these same settings (it was "
+            "relaunched, or another server of identical settings answers at this URL). If it is the same "
+            "deployment relaunched, pass --accept-relaunch to resume (the report says so beside the verdict); "
+            f"otherwise {fresh}:\n  " + "\n  ".join(found.relaunched)
+        )
+
+
+async def run(cfg: RunConfig, result: RunResult) -> RunResult:
+    """Measure what the plan still needs; fills `result` as it goes (also read after an interrupt)."""
+    policy = RetryPolicy(retries=cfg.retries, first_wait_s=cfg.retry_wait_s, max_wait_s=cfg.retry_max_wait_s)
+    arms = await setup_arms(cfg, policy)
     try:
         sampling = Sampling(seed=cfg.seed, thinking=cfg.thinking, stream=cfg.stream)
-        policy = RetryPolicy(
-            retries=cfg.retries, first_wait_s=cfg.retry_wait_s, max_wait_s=cfg.retry_max_wait_s
-        )
         counter = await make_counter(arms[0].client, arms[0].profile, sampling, policy)
         fp = fingerprint(cfg, arms, counter)
-        problems = check_resume(cfg.out_dir, fp)
-        if problems:
-            raise SetupError(
-                f"{cfg.out_dir} holds results measured under other settings; use a new --out, or the "
-                "same settings to resume:\n  " + "\n  ".join(problems)
-            )
         limit = arms[0].profile.max_prompt_tokens(max_tokens_for("sweep", cfg.thinking, cfg.max_tokens))
-        items = plan_items(cfg, replace(cfg.grid, server_limit=limit))
+        grid = replace(cfg.grid, server_limit=limit, target_length=cfg.target_length)
+        items = plan_items(cfg, grid)
         planned = [planned_record(a.name, it, cfg.seed) for it in items for a in arms]
         target = resolve_target(cfg.target_length, planned, limit, arms[0].profile.max_model_len)
+        _check_resume(cfg, fp)
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         write_run_file(cfg.out_dir, fp)
         _write_environment(cfg, arms, counter)
+        result.profiles = {a.name: a.profile for a in arms}
+        result.counter_description = counter.describe()
+        result.planned, result.target, result.fingerprint = planned, target, fp
 
         store = ResultStore(cfg.out_dir)
         disable = {"on": False, "off": True}.get(cfg.progress)  # None: only on a terminal
         bar = tqdm(total=0, file=sys.stderr, unit="req", dynamic_ncols=True, disable=disable)
-        state = RunState(cfg, arms, counter, sampling, store, FitCache(), bar, policy)
-        state.prior_knobs = _learn_from_earlier_runs(store, counter)
+        state = RunState(cfg, arms, counter, sampling, store, FitCache(), bar, policy, result.judging)
+        state.prior_knobs = _learn_from_earlier_runs(store, counter, result.judging)
+        warning = same_format_warning([a.profile.index_k_format for a in arms])
+        if warning:
+            _warn(state, "same-format", f"WARNING: {warning}.")
         try:
             for pass_name in PASSES:
                 these = [it for it in items if it.pass_name == pass_name]
@@ -699,14 +758,9 @@ async def run(cfg: RunConfig) -> RunResult:
         finally:
             bar.close()
             store.close()
-        return RunResult(
-            profiles={a.name: a.profile for a in arms},
-            counter_description=counter.describe(),
-            planned=planned,
-            aborted=state.abort_reason if state.abort.is_set() else None,
-            target=target,
-            fingerprint=fp,
-        )
+            result.counter_description = counter.describe()
+        result.aborted = state.abort_reason if state.abort.is_set() else None
+        return result
     finally:
         for a in arms:
             await a.client.aclose()

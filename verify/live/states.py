@@ -5,12 +5,18 @@
   skipped     not sent, for a stated reason: longer than the server's context, or no such prompt exists
   truncated   the server read fewer prompt tokens than were sent, so the answer says nothing about recall
   error       no usable answer; `error_kind` says why (a request fault, or an answer cut short)
-  unchecked   answered, but the length the server read is unknown (no usage) or off target by > 5%
+  unchecked   answered, but the length the server read cannot be checked: no usage, off target by
+              > 5%, or sizes calibrated without a tokenizer (not accepted with --accept-calibrated)
   unmeasured  planned, but nothing recorded: the run stopped (or was stopped) before it
 
 Only `pass` and `fail` are measurements. Why so strict: a live gate that scores an infrastructure
 fault as recall, or lets a dropped cell vanish, tells an operator to roll out on data it never had.
-A rerun re-sends every planned request that is not measured (resume), so a rate-limited or timed-out
+
+States are never stored. `requests.jsonl` holds what was observed (what was sent, what the server
+counted and answered, which fault came back), and `judge_record` derives the state under the
+current `Judging` settings each time a run reports or resumes: a rerun with another tolerance
+re-judges what is stored instead of trusting a verdict frozen when it was written. A rerun
+re-sends every planned request that is not done (`is_done`), so a rate-limited or timed-out
 request stays retryable, and one that was truncated is re-measured once the server is fixed.
 """
 
@@ -18,7 +24,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from verify.live.grid import is_control
 
 PASS = "pass"
 FAIL = "fail"
@@ -31,6 +40,9 @@ STATES = (PASS, FAIL, SKIPPED, TRUNCATED, ERROR, UNCHECKED, UNMEASURED)
 MEASURED = frozenset({PASS, FAIL})
 # One letter per state that is not a measurement: the report's tables and the heatmaps use them.
 LETTERS = {TRUNCATED: "T", UNCHECKED: "U", ERROR: "E", UNMEASURED: "M", SKIPPED: "S"}
+
+# What a stored record observed (`observed`): an answer, a fault instead of one, or a skip.
+ANSWER, FAULT, SKIP = "answer", "error", "skipped"
 
 # Request faults retried within a run (bounded backoff that honours Retry-After; see retry.py).
 TRANSIENT_KINDS = frozenset({"rate_limited", "timeout", "unavailable", "server_error", "connection"})
@@ -47,7 +59,9 @@ ERROR_KINDS: dict[str, str] = {
     "context_too_long": "the server refused the prompt as longer than its context",
     "model_not_found": "the server does not serve the model",
     "answer_cut": "the answer stopped at max_tokens before it was complete (finish_reason=length)",
-    "reasoning_with_thinking_off": "the server returned reasoning with thinking off; the answer was cut",
+    "reasoning_with_thinking_off": (
+        "reasoning returned with thinking off spent max_tokens: the answer was cut (finish_reason=length)"
+    ),
 }
 
 SKIP_KINDS = {
@@ -57,29 +71,65 @@ SKIP_KINDS = {
 UNCHECKED_KINDS = {
     "no_usage": "the server returned no usage.prompt_tokens, even without streaming",
     "off_target": "the server read a prompt more than 5% off the target length",
+    "calibrated": (
+        "sizes calibrated without a tokenize endpoint: a truncation of a few tokens cannot be told from "
+        "a calibration miss (not checkable here)"
+    ),
+}
+# Problems reported beside an answer that is still scored (they do not replace its state).
+ANSWER_FAULTS = {
+    "reasoning_with_thinking_off": "reasoning content returned although thinking was off",
 }
 OFF_TARGET = 0.05  # relative; a prompt further from its target is not scored
 
 
+@dataclass(frozen=True)
+class Judging:
+    """The settings a state depends on. Applied to the stored observations at every report and
+    resume, and written beside the verdict, so a rerun with other settings re-judges what is stored."""
+
+    thinking: bool = False
+    token_tolerance: int = 0  # tokens the server may read fewer than were sent (exact sizing)
+    accept_calibrated: bool = False  # score calibrated sizes although truncation is not checkable
+
+    def describe(self) -> str:
+        return (
+            f"truncation: a shortfall of more than {self.token_tolerance} prompt tokens "
+            f"(--token-tolerance {self.token_tolerance}); off target: more than {OFF_TARGET:.0%}; "
+            "calibrated sizing "
+            + (
+                "accepted (--accept-calibrated: truncation below 5% cannot be seen)"
+                if self.accept_calibrated
+                else "not scored (unchecked)"
+            )
+            + f"; thinking {'on' if self.thinking else 'off'}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "thinking": self.thinking,
+            "token_tolerance": self.token_tolerance,
+            "accept_calibrated": self.accept_calibrated,
+            "off_target": OFF_TARGET,
+        }
+
+
 def state_of(record: Mapping[str, Any] | None) -> str:
+    """The state of a judged record (`judge_record`); a stub or nothing is 'unmeasured'."""
     return UNMEASURED if record is None else str(record.get("state", UNMEASURED))
 
 
 def kind_of(record: Mapping[str, Any]) -> str:
     """The sub-kind that says why a non-measured state happened ('' for pass/fail)."""
-    state = state_of(record)
-    if state == ERROR:
-        return str(record.get("error_kind") or "")
-    if state == SKIPPED:
-        return str(record.get("skip_kind") or "")
-    if state == UNCHECKED:
-        return str(record.get("unchecked_kind") or "")
-    return ""
+    return str(record.get("kind") or "")
 
 
 def is_done(record: Mapping[str, Any] | None) -> bool:
-    """A rerun re-sends everything that is not a measurement."""
-    return state_of(record) in MEASURED
+    """What a rerun does not send again: measurements, and calibrated answers (the same server
+    would answer the same unverifiable length; --accept-calibrated judges them as they are)."""
+    return state_of(record) in MEASURED or (
+        state_of(record) == UNCHECKED and kind_of(record or {}) == "calibrated"
+    )
 
 
 def count_states(records: Iterable[Mapping[str, Any] | None]) -> dict[str, int]:
@@ -98,18 +148,22 @@ def judge(
     sent_tokens: int,
     target_tokens: int,
     exact_sizes: bool,
-    truncation_tolerance: float,
+    token_tolerance: int = 0,
+    accept_calibrated: bool = False,
 ) -> tuple[str, str, str]:
     """(state, kind, reason) of one answered request. Order matters: a length that cannot be
     trusted is reported before the answer is looked at, and an answer that could not be finished is
-    never called a recall failure."""
+    never called a recall failure. A complete answer is scored, reasoning or not."""
     if prompt_tokens is None:
         return UNCHECKED, "no_usage", UNCHECKED_KINDS["no_usage"]
-    if exact_sizes and prompt_tokens < sent_tokens * (1 - truncation_tolerance) - 1:
+    if exact_sizes and prompt_tokens < sent_tokens - token_tolerance:
+        # The exact counter already holds the chat template's difference (the start-up probe), so
+        # any shortfall beyond the tolerance is prompt the server never read.
+        missing = sent_tokens - prompt_tokens
         return (
             TRUNCATED,
             "",
-            f"the server read {prompt_tokens} prompt tokens of the {sent_tokens} sent",
+            f"the server read {prompt_tokens} prompt tokens of the {sent_tokens} sent ({missing} missing)",
         )
     if abs(prompt_tokens - target_tokens) > OFF_TARGET * target_tokens:
         why = (
@@ -119,13 +173,62 @@ def judge(
         if not exact_sizes and prompt_tokens < sent_tokens:
             why += ": calibrated sizing missed, or the prompt was truncated"
         return UNCHECKED, "off_target", why
+    if not exact_sizes and not accept_calibrated:
+        return UNCHECKED, "calibrated", UNCHECKED_KINDS["calibrated"]
     if answer_ok:
         return PASS, "", ""
-    if reasoning and not thinking:
-        return ERROR, "reasoning_with_thinking_off", ERROR_KINDS["reasoning_with_thinking_off"]
     if finish_reason == "length":
-        return ERROR, "answer_cut", ERROR_KINDS["answer_cut"]
+        kind = "reasoning_with_thinking_off" if reasoning and not thinking else "answer_cut"
+        return ERROR, kind, ERROR_KINDS[kind]
     return FAIL, "", ""
+
+
+def judge_record(record: Mapping[str, Any], judging: Judging) -> dict[str, Any]:
+    """A stored observation plus its state under `judging`: `state`, `kind`, `reason`, `passed`,
+    `control` (by the length the server read) and `faults` (problems beside a scored answer)."""
+    observed = record.get("observed")
+    faults: list[str] = []
+    if observed == SKIP:
+        state, kind, reason = SKIPPED, str(record.get("skip_kind") or ""), str(record.get("reason") or "")
+    elif observed == FAULT:
+        state, kind, reason = ERROR, str(record.get("error_kind") or ""), str(record.get("error") or "")
+    elif observed == ANSWER:
+        pt = record.get("prompt_tokens")
+        followup = record.get("usage_followup_kind")
+        if pt is None and followup:
+            # The count was asked for and that request failed: its fault, not "no usage".
+            state, kind = ERROR, str(followup)
+            reason = f"the usage follow-up failed: {record.get('usage_followup_error')}"
+        else:
+            state, kind, reason = judge(
+                answer_ok=bool(record.get("ok")),
+                finish_reason=record.get("finish_reason"),
+                reasoning=str(record.get("reasoning") or ""),
+                thinking=judging.thinking,
+                prompt_tokens=pt if isinstance(pt, int) else None,
+                sent_tokens=int(record["measured_tokens"]),
+                target_tokens=int(record["aim_tokens"]),
+                exact_sizes=record.get("sizing") == "exact",
+                token_tolerance=judging.token_tolerance,
+                accept_calibrated=judging.accept_calibrated,
+            )
+        if record.get("reasoning") and not judging.thinking and kind != "reasoning_with_thinking_off":
+            faults.append("reasoning_with_thinking_off")
+    else:
+        state, kind, reason = UNMEASURED, "", ""
+    read = record.get("prompt_tokens") if isinstance(record.get("prompt_tokens"), int) else None
+    return dict(record) | {
+        "state": state,
+        "kind": kind,
+        "reason": reason,
+        "passed": state == PASS,
+        "faults": faults,
+        "control": is_control(
+            int(record["base_length"]), read if read is not None else record.get("measured_tokens")
+        ),
+        "error_kind": kind if state == ERROR else None,
+        "unchecked_kind": kind if state == UNCHECKED else None,
+    }
 
 
 def remedy(state: str, kind: str) -> tuple[bool, str]:
@@ -163,6 +266,11 @@ def remedy(state: str, kind: str) -> tuple[bool, str]:
         )
     if state == UNCHECKED and kind == "no_usage":
         return False, "make the server (or proxy) return usage.prompt_tokens, then rerun"
+    if state == UNCHECKED and kind == "calibrated":
+        return False, (
+            "serve /v1/tokenize (SGLang does) so sizes are exact, or rerun with --accept-calibrated to score "
+            "calibrated sizes (nothing is sent again; the report then says truncation was not checkable)"
+        )
     if state == UNCHECKED and kind == "off_target":
         return True, (
             "rerun: sizes are re-fitted from the prompt_tokens measured so far (a /v1/tokenize endpoint "

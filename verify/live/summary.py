@@ -300,6 +300,35 @@ def write_summary_csv(path: Path, cells: Sequence[CellSummary]) -> None:
             w.writerow([_fmt(row[f]) for f in CSV_FIELDS])
 
 
+STATE_FIELDS = (
+    "key",
+    "arm",
+    "pass",
+    "scenario",
+    "cell_id",
+    "repeat",
+    "state",
+    "kind",
+    "reason",
+    "faults",
+    "retried",
+    "prompt_tokens",
+    "measured_tokens",
+)
+
+
+def write_states_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """One row per planned request: its state as this report judged it (requests.jsonl holds only
+    what was observed), with why, the faults beside it and the faults retried away."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(STATE_FIELDS)
+        for r in records:
+            retried = list(r.get("retried") or []) + list(r.get("sizing_retried") or [])
+            row = r | {"faults": r.get("faults") or [], "retried": retried}
+            w.writerow([_fmt(row.get(f)) for f in STATE_FIELDS])
+
+
 def write_ab_csv(path: Path, ab: Sequence[ABCell]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
