@@ -21,7 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "verify/results"
 H200 = f"{RESULTS}/h200"
 CPU = f"{RESULTS}/cpu"
-DOCS = ("README.md", f"{H200}/README.md", f"{CPU}/README.md")
+COST = f"{RESULTS}/cost"
+DOCS = ("README.md", f"{H200}/README.md", f"{CPU}/README.md", f"{COST}/README.md")
+# What produced verify/results/cost/ (no GPU; upstream's configurator on PYTHONPATH).
+COST_COMMAND = f"python -m verify.cost --out {COST}/cost.json"
 # The CPU emulation at the H200 run's lengths and sampling (the exact quantization semantics of
 # every format, no kernel): what produced verify/results/cpu/recall/.
 CPU_TIER2_COMMAND = ("python -m verify.recall --backend cpu --out verify/results/cpu/recall --lengths 338 2048 4509 "
@@ -447,7 +450,19 @@ def mtp_sweep(root: Path) -> str:
     return "\n".join(report.mtp_sweep_table(art)) + "\n"
 
 
+def cost(root: Path) -> str:
+    """KV capacity, decode bytes, prefill share and speed factors per index-K format (verify.cost)."""
+    rel = f"{COST}/cost.json"
+    data = _load(root, rel)
+    if data is None:
+        return _missing(rel, COST_COMMAND)
+    from verify.cost.report import markdown
+
+    return f"Source `{rel}` (upstream's pool configurator on CPU; kernel ratios from the H200 bench):\n\n" + markdown(data)
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
+    "cost": cost,
     "speed": speed,
     "mtp-sweep": mtp_sweep,
     "tier2": tier2,
