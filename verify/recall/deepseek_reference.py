@@ -20,8 +20,8 @@ transform), so only the bf16 container and the fp4 rounding remain to apply.
 
 Scores are accumulated in fp64 and rounded once, like every other oracle here. The reference's
 own bf16 einsum also rounds each per-head dot and the head sum to bf16; that is not reproduced:
-bf16 scores tie by the dozen at a top-k boundary, and which of the tied keys the reference keeps
-is ``torch.topk``'s tie-breaking, not a property of the model.
+bf16 scores tie at a top-k boundary, and which of the tied keys the reference keeps is
+``torch.topk``'s tie-breaking, not a property of the model.
 
 Neither this oracle nor the exact one is model quality: both say which keys a scorer keeps.
 """
