@@ -106,6 +106,13 @@ def live_install(session: nox.Session) -> None:
 
 
 @nox.session(python=False, tags=["verify"], default=False)
+def cost(session: nox.Session) -> None:
+    """What each index-K format costs (KV-pool tokens from upstream's configurator, decode bytes, prefill FLOPs); no GPU."""
+    session.run(*TOOL, "apply", external=True)
+    _in_test_env(session, "-m", "verify.cost", *session.posargs)
+
+
+@nox.session(python=False, tags=["verify"], default=False)
 def bench(session: nox.Session) -> None:
     """Kernel benchmarks on a CUDA GPU, side by side: bf16 read vs fp8 vs naive gather; bf16 vs fp8 store."""
     session.run(*TOOL, "apply", external=True)

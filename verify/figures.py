@@ -21,7 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "verify/results"
 H200 = f"{RESULTS}/h200"
 CPU = f"{RESULTS}/cpu"
-DOCS = ("README.md", f"{H200}/README.md", f"{CPU}/README.md")
+COST = f"{RESULTS}/cost"
+DOCS = ("README.md", f"{H200}/README.md", f"{CPU}/README.md", f"{COST}/README.md")
+# What produced verify/results/cost/ (no GPU; upstream's configurator on PYTHONPATH).
+COST_COMMAND = f"python -m verify.cost --out {COST}/cost.json"
 # The CPU emulation at the H200 run's lengths and sampling (the exact quantization semantics of
 # every format, no kernel): what produced verify/results/cpu/recall/.
 CPU_TIER2_COMMAND = ("python -m verify.recall --backend cpu --out verify/results/cpu/recall --lengths 338 2048 4509 "
@@ -32,7 +35,8 @@ TIER2_LENGTHS = (4509, 22597, 131072)
 TIER2_ARMS = (
     ("bf16", "bf16 keys (series)"),
     ("fp8", "fp8 keys (upstream)"),
-    ("fp4sim", "fp4-sim (QAT format)"),
+    ("fp4", "fp4 q and keys (upstream's fp4 indexer, emulated)"),
+    ("fp4sim", "fp4-sim keys, fp8 q (QAT format)"),
     ("bf16q", "bf16 keys, bf16 q"),
     ("int8sim", "int8 + fp32 scale (132 B)"),
     ("fp8b32sim", "e4m3 + per-32 ue8m0 (132 B)"),
@@ -74,17 +78,20 @@ def _tier2(root: Path, rel: str, command: str) -> str:
     arms = [(a, label) for a, label in TIER2_ARMS if any(k[0] == a for k in by)]
     lengths = [n for n in TIER2_LENGTHS if ("bf16", 512, n) in by]
     exact = any("recall_tie_unq" in e for e in res["per_length"])
-    lines = ["| tokens | " + " | ".join(label for _, label in arms) + " |", "|---" * (1 + len(arms)) + "|"]
+    ref = any("recall_tie_ref" in e for e in res["per_length"])
+    metrics = ["recall_tie"] + (["recall_tie_unq"] if exact else []) + (["recall_tie_ref"] if ref else [])
+    labels = [label for _, label in arms] + (["DeepSeek's reference selection (fp4 q x fp4 k)"] if ref else [])
+    lines = ["| tokens | " + " | ".join(labels) + " |", "|---" * (1 + len(labels)) + "|"]
     for n in lengths:
         cells = []
         for a, _ in arms:
             e = by.get((a, 512, n))
-            if e is None:
-                cells.append("-")
-                continue
-            same = f"{e['recall_tie']['mean']:.4f}"
-            cells.append(f"{same} / {e['recall_tie_unq']['mean']:.4f}" if exact and "recall_tie_unq" in e else same)
+            cells.append("-" if e is None else " / ".join(f"{e[m]['mean']:.4f}" for m in metrics if m in e))
+        if ref:
+            e = by[("bf16", 512, n)]
+            cells.append(f"{e['ref_recall_tie']['mean']:.4f} / {e['ref_recall_tie_unq']['mean']:.4f} / 1")
         lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    oracles = "same-q / exact-q / reference oracle" if ref else "same-q / exact-q oracle" if exact else "same-q oracle"
     gate = res["gate"]
     needle = next(c for c in gate["conditions"] if c["name"] == "needle")
     hits = re.search(r"(\d+)/(\d+)", needle["detail"])
@@ -97,7 +104,7 @@ def _tier2(root: Path, rel: str, command: str) -> str:
         " (Triton twin standing in for DeepGEMM)" if "standing in for deep_gemm" in score_fp8 else
         " (built with TL_DISABLE_WGMMA: sm_120's mma.sync source)" if "TL_DISABLE_WGMMA" in score_fp8 else "")
     out = [
-        (f"Tie-aware top-512 recall, {'same-q / exact-q oracle' if exact else 'same-q oracle'} "
+        (f"Tie-aware top-512 recall, {oracles} "
         + (f"(CPU emulation of every format's quantization, no kernel ran; source `{rel}`):"
            if res["backend"].get("name", "").startswith("cpu") or res["config"].get("backend") == "cpu" else
            f"({res['versions'].get('device', '?')}, fp8 path of platform `{platform}`: "
@@ -114,6 +121,10 @@ def _tier2(root: Path, rel: str, command: str) -> str:
         failed = [c["name"] for c in ge["conditions"] if not c["passed"]]
         out.append(f"Against the exact-q oracle the same conditions {'hold' if ge['passed'] else 'fail (' + ', '.join(failed) + ')'}"
                    " (reported, not gating).")
+    if ref:
+        from verify.recall.report import ORACLES_NOTE
+
+        out += ["", ORACLES_NOTE]
     return "\n".join(out) + "\n"
 
 
@@ -439,7 +450,19 @@ def mtp_sweep(root: Path) -> str:
     return "\n".join(report.mtp_sweep_table(art)) + "\n"
 
 
+def cost(root: Path) -> str:
+    """KV capacity, decode bytes, prefill share and speed factors per index-K format (verify.cost)."""
+    rel = f"{COST}/cost.json"
+    data = _load(root, rel)
+    if data is None:
+        return _missing(rel, COST_COMMAND)
+    from verify.cost.report import markdown
+
+    return f"Source `{rel}` (upstream's pool configurator on CPU; kernel ratios from the H200 bench):\n\n" + markdown(data)
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
+    "cost": cost,
     "speed": speed,
     "mtp-sweep": mtp_sweep,
     "tier2": tier2,

@@ -150,3 +150,24 @@ def test_a_forward_result_names_the_series_its_tree_carries(monkeypatch):
     monkeypatch.setattr(P, "sglang_root", lambda: tree)
     info = _versions()
     assert info["series_hash"] == series_hash(root / "series") and len(info["tree_head"]) == 40
+
+
+def test_selection_check_reports_the_reference_oracle_without_gating_on_it():
+    """DeepSeek's reference numerics (fp4 q x fp4 k) as a reported figure: the exact top-k is not
+    the reference's, and picking the reference's own top-k keeps it fully while the check (the
+    same-input oracle) fails it."""
+    keys, q, w, lens, chosen = _problem()
+    res = check_selection(chosen, lens, q, w, keys, q, w, keys, 512)
+    assert res.ok and res.recall_exact == 1.0
+    assert 0.5 < res.recall_reference < 1.0  # the exact selection, seen by the reference
+    assert 0.5 < res.numbers["reference_recall_exact"] < 1.0
+    assert "vs DeepSeek's reference selection" in res.detail
+    indexer = R.reference_indexer(keys)
+    theirs = torch.full_like(chosen, -1)
+    for r in range(5):
+        n = int(lens[r])
+        _, sel = R.reference_selection(indexer, q[r : r + 1], w[r : r + 1], n, 512)
+        theirs[r] = sel[0]
+    res = check_selection(theirs, lens, q, w, keys, q, w, keys, 512)
+    assert res.recall_reference == 1.0 and res.numbers["reference_recall_exact"] == res.recall_exact
+    assert not res.ok  # the gate is still the same-input oracle's

@@ -25,19 +25,19 @@ def test_outputs_and_gate_pass(good):
         assert (out / name).stat().st_size > 0, name
     res = json.loads((out / "results.json").read_text())
     assert res["gate"]["passed"] is True
-    assert res["config"]["arms"] == ["bf16", "fp8", "fp4sim", "bf16q", "int8sim", "fp8b32sim"]
+    assert res["config"]["arms"] == ["bf16", "fp8", "fp4", "fp4sim", "bf16q", "int8sim", "fp8b32sim"]
     assert res["backend"]["paths"]["score_fp8"].startswith("emulation")
     assert res["versions"]["torch"]
     assert res["diagnosis"]["verdict"].startswith("CPU emulation only") and "fp8 path correct, loses" in res["diagnosis"]["verdict"]
     with (out / "results.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert {r["arm"] for r in rows} == {"bf16", "fp8", "fp4sim", "bf16q", "int8sim", "fp8b32sim"}
+    assert {r["arm"] for r in rows} == {"bf16", "fp8", "fp4", "fp4sim", "bf16q", "int8sim", "fp8b32sim"}
     assert {r["length_tokens"] for r in rows} == {"338", "4509"}
     summary = (out / "summary.md").read_text()
     assert "**PASS**" in summary and "## Diagnosis" in summary and "| 4,509 |" in summary
     # the gate names its oracle; the exact-q one is reported beside it, with its own table
     assert "Against the same-q oracle" in summary and "against the exact-q oracle" in summary
-    assert "same-q oracle / exact-q oracle" in summary
+    assert "same-q oracle / exact-q oracle / reference oracle" in summary and "None of these is model quality" in summary
     assert res["gate"]["oracle"].startswith("same-q") and res["gate_exact_q"]["oracle"].startswith("exact-q")
     (out / "heatmap_fp8.png").unlink()
     from verify.recall.report import main as replot
@@ -52,6 +52,19 @@ def test_outputs_and_gate_pass(good):
     assert exact["bf16q"] > exact["bf16"] > exact["fp8"]
     # 132-byte candidates: int8 with a per-key scale keeps more than e4m3 with one
     assert by[("int8sim", 4509)]["recall_tie"]["mean"] > by[("fp8", 4509)]["recall_tie"]["mean"]
+    # DeepSeek's reference numerics (fp4 q x fp4 k): upstream's fp4 is the arm nearest it, and
+    # every finer arm stays closer to exact math than to it
+    ref = {arm: by[(arm, 4509)]["recall_tie_ref"]["mean"] for arm in res["config"]["arms"]}
+    assert max(ref, key=ref.get) == "fp4" and ref["fp4"] < 1.0
+    for arm in ("bf16", "fp8", "bf16q", "int8sim"):
+        assert ref[arm] < by[(arm, 4509)]["recall_tie_unq"]["mean"], arm
+    own = by[("bf16", 4509)]
+    assert own["ref_recall_tie_unq"]["mean"] < exact["fp8"]  # the reference itself is far from exact math
+    assert {row["recall_tie_ref"] for row in rows if row["arm"] == "fp4"} - {""}
+    diag = res["diagnosis"]["oracle_recall"]
+    assert diag["reference"]["reference"] == 1.0 and set(diag) == {"same-q", "exact-q", "reference"}
+    rounding = res["per_problem"][1]["fp4_upstream_vs_reference_rounding"]
+    assert 0 < rounding["q_values_rounded_differently"] < 0.02 and 0 < rounding["key_values_rounded_differently"] < 0.02
 
 
 def test_broken_bf16_slot_mapping_fails_the_gate(tmp_path):

@@ -15,7 +15,11 @@ reads), mapped back to key indices through the request's pages, against
   within calc_diff 5e-6 of the oracle); any other key is a fault in the scorer, the top-k, the
   page table or the transport;
 - the exact oracle: fp64 scores over the fp32 reference keys and the unquantized q. Its
-  tie-aware recall is what precision costs; reported, gated only against gross loss.
+  tie-aware recall is what precision costs; reported, gated only against gross loss;
+- the reference oracle: DeepSeek's own indexer numerics over the same keys and q (fp4 q x fp4 k
+  in a bf16 container, :func:`verify.forward.reference.reference_indexer`): the selection the
+  model was trained with. Its tie-aware recall, and the reference selection's own recall against
+  the exact oracle, are reported and never gate -- neither oracle is model quality.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 from verify.parity.store_reference import compare_bf16
 from verify.recall.metrics import SCORER_BOUND, TIE_REL, tie_aware_recall
 
-from .reference import scores64
+from .reference import reference_indexer, reference_selection, scores64
 
 FP8_MAX = 448.0
 # Exact-oracle recall below this means keys or queries unrelated to the reference, not precision
@@ -116,6 +120,8 @@ class SelectionCheck:
     recall_same_input: float
     recall_exact: float
     numbers: dict[str, Any] = field(default_factory=dict)
+    #: mean tie-aware recall against DeepSeek's reference selection (reported, not gated)
+    recall_reference: float | None = None
 
 
 def check_selection(
@@ -133,7 +139,8 @@ def check_selection(
     """``chosen`` ``[R, k]`` key indices (-1 none) for rows seeing ``row_lens`` keys of one
     request; q/w ``[R, H, 128]`` / ``[R, H]``; keys ``[K, 128]`` (K >= max row_lens)."""
     rows = int(chosen.shape[0])
-    rec_same, rec_exact = [], []
+    rec_same, rec_exact, rec_ref, ref_exact = [], [], [], []
+    indexer = reference_indexer(ref_keys)
     wrong_rows = []
     # With the logits the top-k read (``prod_logits``), a wrong row is attributed: the scorer
     # (its logits differ from the same-input oracle) or the top-k (it did not pick the top of
@@ -179,6 +186,10 @@ def check_selection(
         r_ex = tie_aware_recall(s_ex, ch_valid, k, s_ex.abs().amax(1) * TIE_REL)
         rec_same.append(r_same.cpu())
         rec_exact.append(r_ex.cpu())
+        s_ref, ref_chosen = reference_selection(indexer, q_exact[idx], w_exact[idx], lens, k)
+        s_ref = s_ref.double().to(s_ex.device)
+        rec_ref.append(tie_aware_recall(s_ref, ch_valid, k, s_ref.abs().amax(1) * TIE_REL).cpu())
+        ref_exact.append(tie_aware_recall(s_ex, ref_chosen.to(s_ex.device), k, s_ex.abs().amax(1) * TIE_REL).cpu())
         bad = (r_same < 1.0).cpu()
         wrong_rows += idx[bad].tolist()
         if bool(bad.any()):
@@ -192,6 +203,8 @@ def check_selection(
     exact = torch.cat(rec_exact) if rec_exact else torch.ones(0, dtype=torch.float64)
     r_same_mean = float(same.mean()) if same.numel() else 1.0
     r_exact_mean = float(exact.mean()) if exact.numel() else 1.0
+    r_ref_mean = float(torch.cat(rec_ref).mean()) if rec_ref else None
+    ref_exact_mean = float(torch.cat(ref_exact).mean()) if ref_exact else None
     wrong = sorted(set(wrong_rows))
     scorer_ok = scorer_finite and max(scorer_diff, default=0.0) <= SCORER_BOUND
     ok = not wrong and r_exact_mean >= GROSS_RECALL and scorer_ok
@@ -199,9 +212,13 @@ def check_selection(
         f"{rows} rows: selection = same-input fp64 oracle's top-{k} on {rows - len(wrong)}/{rows} rows "
         f"(ties within {TIE_REL:g} of the row max); exact-oracle tie-aware recall {r_exact_mean:.4f}"
     )
+    if r_ref_mean is not None and ref_exact_mean is not None:
+        detail += (f"; vs DeepSeek's reference selection (fp4 q x fp4 k, reported) {r_ref_mean:.4f}, "
+                   f"which itself keeps {ref_exact_mean:.4f} of the exact oracle's")
     numbers: dict[str, Any] = {"wrong_rows": wrong[:50],
                                "min_recall_same_input": float(same.min()) if same.numel() else 1.0,
-                               "min_recall_exact": float(exact.min()) if exact.numel() else 1.0}
+                               "min_recall_exact": float(exact.min()) if exact.numel() else 1.0,
+                               "reference_recall_exact": ref_exact_mean}
     if prod_logits is not None:
         numbers |= {"scorer_calc_diff_max": max(scorer_diff, default=0.0), "scorer_finite": scorer_finite,
                     "topk_recall_on_its_logits_min": min(topk_own, default=1.0)}
@@ -218,7 +235,7 @@ def check_selection(
             if numbers["topk_recall_on_its_logits_min"] < 1.0:
                 blame.append(f"top-k (recall {numbers['topk_recall_on_its_logits_min']:.4f} on its own input)")
             detail += "; " + (" and ".join(blame) if blame else "scorer within 5e-6 and top-k exact on its input: a near-tie")
-    return SelectionCheck(rows, ok, detail, r_same_mean, r_exact_mean, numbers)
+    return SelectionCheck(rows, ok, detail, r_same_mean, r_exact_mean, numbers, r_ref_mean)
 
 
 def logits_row_digests(logits: torch.Tensor, lens: torch.Tensor, min_keys: int, chunk: int = 4096) -> torch.Tensor:

@@ -10,6 +10,9 @@
 - :func:`reference_q`: the indexer query before any quantization (``q_lora Wq_b``, RoPE at the
   token's position, Hadamard) and the head weights ``x Wproj * 128^-0.5 * 64^-0.5``.
 - :func:`scores64`: ``sum_h relu(q_h . k) w_h`` in fp64.
+- :func:`reference_indexer`: DeepSeek's reference indexer numerics over the reference keys (fp4 q x
+  fp4 k in a bf16 container, :mod:`verify.recall.deepseek_reference`): the selection the model
+  was trained with, a third oracle beside the same-input and exact ones (reported, not gated).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from verify.parity.store_reference import INDEX_HEAD_DIM, fwht, index_k_reference, rope_tail
+from verify.recall.deepseek_reference import ReferenceIndexer, dense_page_table, pad_to_pages
 
 from .rig import INDEX_HEADS, RATIO, Weights
 
@@ -63,3 +67,23 @@ def scores64(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tens
     """``[R, H, 128]`` q, ``[R, H]`` weights, ``[K, 128]`` keys -> ``[R, K]`` fp64 index scores."""
     dots = torch.einsum("rhd,kd->rhk", q.double(), keys.double()).relu_()
     return torch.einsum("rhk,rh->rk", dots, w.double())
+
+
+def reference_indexer(ref_keys: torch.Tensor) -> ReferenceIndexer:
+    """DeepSeek's reference indexer over a request's fp32 reference keys ``[K, 128]`` (already
+    normed, RoPE'd and rotated: it adds the bf16 container and the fp4 rounding)."""
+    return ReferenceIndexer.of(pad_to_pages(ref_keys.float()))
+
+
+def reference_selection(
+    indexer: ReferenceIndexer, q_exact: torch.Tensor, w_exact: torch.Tensor, n_keys: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``q_exact [R, H, 128]`` / ``w_exact [R, H]`` all seeing the first ``n_keys`` keys:
+    the reference's scores ``[R, n_keys]`` and its top-``k`` ``[R, k]`` (-1 padded)."""
+    rows = q_exact.shape[0]
+    dev = indexer.keys.values.device
+    scores, chosen = indexer.select(
+        q_exact.to(dev), w_exact.to(dev), torch.arange(rows, device=dev), dense_page_table(n_keys, rows, dev),
+        torch.full((rows,), n_keys, dtype=torch.int32, device=dev), torch.full((rows,), k, dtype=torch.int64, device=dev),
+    )
+    return scores[:, :n_keys], chosen

@@ -132,6 +132,8 @@ def decode_pool(fmt: str, pool: torch.Tensor, fp8_scorer: str = "fp8-fp32acc") -
         return SlotKeys(F.fp8_codes_to_float(codes), scale, fp8_scorer)
     if fmt == "f32":
         return SlotKeys(F.f32_read(pool, slots), None, "fp32")
+    if fmt == "fp4":
+        return SlotKeys(F.fp4_read(pool, slots), None, "fp32")
     return SlotKeys(F.bf16_read(pool, slots), None, "fp32")
 
 
@@ -156,6 +158,12 @@ class EmulationBackend(Backend):
         self.paths.setdefault("score_fp8", f"emulation ({self.fp8_scorer})")
         self.paths.setdefault("score_bf16", "emulation of bf16_paged_mqa_logits (fp32)")
         self.paths.setdefault("select", "torch.topk with topk_transform_paged semantics")
+        self.paths.setdefault("store_fp4", "emulation of DeepSeekV4IndexerPool.set_index_fp4 (store_fp4_index_k_cache, rne=False)")
+        self.paths.setdefault("q_fp4", "emulation of fused_q_indexer_rope_hadamard_fp4_quant (torch)")
+        self.paths.setdefault("score_fp4", "emulation of deep_gemm.fp8_fp4_paged_mqa_logits (fp32; the kernel is SM100-only, "
+                                           "none exists for Hopper)")
+        self.paths.setdefault("reference", "DeepSeek inference/model.py indexer numerics: fp4 q x fp4 k in bf16, "
+                                           "scores in fp64 (verify.recall.deepseek_reference)")
         self._decoded: dict[int, tuple[int, SlotKeys]] = {}
 
     def _store(self, fmt: str, pool: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:
@@ -163,6 +171,8 @@ class EmulationBackend(Backend):
             F.fp8_store(pool, slots, keys.to(self.fp8_input_dtype))
         elif fmt == "f32":
             F.f32_store(pool, slots, keys)
+        elif fmt == "fp4":
+            F.fp4_store(pool, slots, keys.float())
         else:
             F.bf16_store(pool, slots, keys)
         self._decoded.pop(pool.data_ptr(), None)

@@ -30,6 +30,7 @@ import torch
 
 from . import diagnose
 from .backend import FAULTS, Backend, EmulationBackend
+from .deepseek_reference import fp4_rule_differences
 from .gate import evaluate, evaluate_exact_q
 from .generator import GenConfig, PlanConfig, build_planted
 from .metrics import aggregate
@@ -72,7 +73,8 @@ def make_backend(kind: str, faults: tuple[str, ...], fp8_scorer: str = "auto", p
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m verify.recall",
-        description="Tier 2 indexer recall (bf16 vs fp8 vs fp4-sim index keys) and the fp8 diagnosis.",
+        description="Tier 2 indexer recall (bf16 vs fp8 vs fp4 index keys, against exact math and DeepSeek's "
+                    "reference numerics) and the fp8 diagnosis.",
         epilog="Exit status 0: bf16 gate passes; 1: it fails; 2: error.",
     )
     ap.add_argument("--out", type=Path, required=True, help="output directory (created)")
@@ -200,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = run_problem(problem, backend, arms, control, budget)
             records.extend(out["records"])  # type: ignore[arg-type]
             unplaceable = sum(1 for r in problem.rows if r.get("needle_unplaceable"))
+            rounding = fp4_rule_differences(problem.queries.q_rot, problem.keys_ref[problem.written_slots])  # type: ignore[arg-type]
             per_problem.append(
                 {
                     "length_tokens": length,
@@ -207,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "rows": problem.num_rows,
                     "pages": problem.num_pages,
                     "needles_unplaceable": unplaceable,
+                    "fp4_upstream_vs_reference_rounding": rounding,
                     "timing": {"build_s": t_build, **out["timing"], "total_s": time.perf_counter() - t0},  # type: ignore[dict-item]
                     "canary": out["canary"],
                 }
@@ -286,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"- top-k agreement fp8 vs bf16 (|S_fp8 & S_bf16| / k, rows where the indexer must choose): "
                 f"{diag.topk_agreement_fp8_bf16:.4f}"
             )
+        if diag.oracle_recall is not None:
+            details.extend(diagnose.oracle_lines(diag.oracle_recall))
     (args.out / "summary.md").write_text(
         summary_markdown(meta, per_length, per_depth, arms, gate, diag.verdict if diag else None, files, details, gate_exact)
     )

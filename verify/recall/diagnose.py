@@ -16,7 +16,9 @@ dequantized-input oracle:
   translation;
 * CUDA graphs: a scorer + top-k captured at short lengths and replayed at long ones equals eager;
 * end to end (tier 2): the production fp8 arm against the emulated fp8 arm on identical inputs,
-  and top-k agreement with the bf16 arm.
+  and top-k agreement with the bf16 arm; beside them, every arm's overlap with the three oracles
+  (same-q, exact-q and DeepSeek's reference numerics, :mod:`verify.recall.deepseek_reference`),
+  reported, never part of the verdict.
 
 The verdict is one line: ``fp8 path correct, loses X% of top-k to precision`` or ``fp8 path
 disagrees with its own oracle: bug in <kernel>``. On the CPU backend the "production" paths are
@@ -71,6 +73,10 @@ class Diagnosis:
     checks: list[Check]
     emulated: bool
     topk_agreement_fp8_bf16: float | None = None
+    #: per arm, mean tie-aware recall against each oracle (rows where the indexer must choose):
+    #: ``{"same-q": {...}, "exact-q": {...}, "reference": {...}}``; the reference's own selection
+    #: against the other two is under the arm name ``reference``
+    oracle_recall: dict[str, dict[str, float]] | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -571,7 +577,37 @@ def run(backend: Backend, records: Sequence[Mapping[str, object]] = (), quick: b
     if records:
         checks.append(check_end_to_end(records))
     agree = [float(r["agree_bf16"]) for r in choosing(records, "fp8") if r.get("agree_bf16") is not None]  # type: ignore[arg-type]
-    return Diagnosis(verdict(checks, records, emulated, backend.faults), checks, emulated, _mean(agree) if agree else None)
+    return Diagnosis(verdict(checks, records, emulated, backend.faults), checks, emulated, _mean(agree) if agree else None,
+                     oracle_recall(records))
+
+
+ORACLE_FIELDS = {"same-q": "recall_tie", "exact-q": "recall_tie_unq", "reference": "recall_tie_ref"}
+#: the reference selection's own recall against the same-q and exact-q oracles
+REFERENCE_FIELDS = {"same-q": "ref_recall_tie", "exact-q": "ref_recall_tie_unq"}
+
+
+def oracle_recall(records: Sequence[Mapping[str, object]]) -> dict[str, dict[str, float]] | None:
+    """Each arm's mean tie-aware recall against each oracle over the rows where the indexer must
+    choose, and the reference's own selection against the same-q / exact-q oracles; None when
+    the records carry no reference oracle (a capture without the unquantized q)."""
+    if not any(r.get("recall_tie_ref") is not None for r in records):
+        return None
+    arms = list(dict.fromkeys(str(r["arm"]) for r in records))
+    out: dict[str, dict[str, float]] = {}
+    for oracle, field_name in ORACLE_FIELDS.items():
+        out[oracle] = {a: _mean([float(r[field_name]) for r in choosing(records, a) if r.get(field_name) is not None])  # type: ignore[arg-type]
+                       for a in arms}
+    first = choosing(records, arms[0])
+    for oracle, field_name in REFERENCE_FIELDS.items():
+        out[oracle]["reference"] = _mean([float(r[field_name]) for r in first if r.get(field_name) is not None])  # type: ignore[arg-type]
+    out["reference"]["reference"] = 1.0
+    return out
+
+
+def oracle_lines(table: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """The diagnosis's oracle figures for summary.md, one line per oracle."""
+    return [f"- mean tie-aware recall vs the {oracle} oracle (rows where the indexer must choose): "
+            + ", ".join(f"{arm} {v:.4f}" for arm, v in by_arm.items()) for oracle, by_arm in table.items()]
 
 
 OTHER_FP8_SCORERS = ("score_tilelang", "score_torch_sm120", "score_torch", "score_deepgemm")

@@ -18,6 +18,8 @@ the replay reader and the tests run without it. The fp8 rules are read off upstr
 * fp4-sim: DeepSeek's QAT format (reference ``fp4_act_quant``): one power-of-two (ue8m0) scale per
   32 values, the smallest power of two >= amax / 6, values rounded to the e2m1 grid with ties to
   even. The result is stored as bf16, which holds every such value exactly.
+* fp4 (upstream's C4 fp4 indexer, 68 B per key; :func:`fp4_upstream_codes`): the same grid and
+  block scales, but rounded by thresholds that send every tie toward zero, not to even.
 
 Page layouts (64 slots per page, slot ``s`` lives in page ``s // 64`` at offset ``s % 64``):
 
@@ -36,6 +38,8 @@ FP8_MAX = 448.0
 FP8_SCALE_FLOOR = 1e-4
 FP8_SLOT_BYTES = HEAD_DIM + 4
 BF16_SLOT_BYTES = HEAD_DIM * 2
+FP4_PAYLOAD_BYTES = HEAD_DIM // 2  # two e2m1 codes per byte
+FP4_SLOT_BYTES = FP4_PAYLOAD_BYTES + HEAD_DIM // 32  # + one ue8m0 exponent byte per 32 values: 68
 FP8_PAGE_BYTES = PAGE_SLOTS * FP8_SLOT_BYTES  # 8448
 BF16_PAGE_BYTES = PAGE_SLOTS * BF16_SLOT_BYTES  # 16384
 FP8_SCALE_OFFSET = PAGE_SLOTS * HEAD_DIM  # 8192: scales follow all 64 payloads of the page
@@ -44,9 +48,10 @@ FP4_MAX = 6.0
 # Keeps an all-zero block at scale 2^-126 instead of 0 (no 0/0); irrelevant for real data.
 FP4_AMAX_FLOOR = FP4_MAX * 2.0**-126
 
-#: bytes per slot of each pool format; "fp4" arms are simulated and stored in bf16 pools; "f32"
-#: pools hold emulated formats whose values bf16 cannot hold exactly (int8 x fp32 scale).
-SLOT_BYTES = {"fp8": FP8_SLOT_BYTES, "bf16": BF16_SLOT_BYTES, "f32": HEAD_DIM * 4}
+#: bytes per slot of each pool format; "fp4" is upstream's packed layout, the "fp4sim" arm is
+#: stored in a bf16 pool; "f32" pools hold emulated formats whose values bf16 cannot hold exactly
+#: (int8 x fp32 scale).
+SLOT_BYTES = {"fp8": FP8_SLOT_BYTES, "bf16": BF16_SLOT_BYTES, "fp4": FP4_SLOT_BYTES, "f32": HEAD_DIM * 4}
 
 
 def page_bytes(fmt: str) -> int:
@@ -209,6 +214,119 @@ def fp4_sim(x: torch.Tensor) -> torch.Tensor:
     blocks = x.float().unflatten(-1, (-1, FP4_BLOCK))
     q = round_e2m1((blocks / scale).clamp(-FP4_MAX, FP4_MAX))
     return (q * scale).flatten(-2)
+
+
+def fp4_reference(x: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's reference indexer numerics for one activation (q or key) ``[..., 128]``: its
+    tensors are bf16, and ``fp4_act_quant(x, 32, inplace=True)`` writes the quantize-dequantize
+    back into that bf16 tensor. So: one RNE rounding to bf16, then :func:`fp4_sim` (whose values
+    bf16 holds exactly); returns fp32."""
+    return fp4_sim(x.to(torch.bfloat16).float())
+
+
+# ---------------------------------------------------------------------------------------------
+# fp4 as upstream 0.5.21 stores C4 index keys and quantizes q for them
+# ---------------------------------------------------------------------------------------------
+
+#: ``_fp4_e2m1_code`` (kernels/ops/attention/dsv4/fp4_indexer.py) and ``quant_fp4_e2m1``
+#: (kernels/jit/csrc/deepseek_v4/main_norm_rope.cuh): code index = how many of these |x| exceeds
+#: (strictly), so a value exactly between two grid points takes the one nearer zero.
+E2M1_UPSTREAM_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+#: upstream's floor on a block's scale (keys) or amax (q), where the reference floors amax at 6*2^-126
+FP4_UPSTREAM_FLOOR = 1e-4
+
+
+def fp4_upstream_codes(scaled: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (uint8, bit 3 = sign, no negative zero) of values already divided by their
+    block scale, rounded as upstream's C4 path rounds them (``rne=False``): thresholds, ties
+    toward zero -- at |x| = 0.75, 1.75 and 3.5 upstream takes 0.5, 1.5 and 3 where the reference
+    takes 1, 2 and 4; the other midpoints (0.25, 1.25, 2.5, 5) agree."""
+    mag = scaled.float().abs().clamp(max=FP4_MAX)
+    idx = torch.zeros_like(mag, dtype=torch.uint8)
+    for t in E2M1_UPSTREAM_THRESHOLDS:
+        idx += (mag > t).to(torch.uint8)
+    sign = ((scaled < 0) & (idx != 0)).to(torch.uint8) << 3
+    return idx | sign
+
+
+def fp4_code_values(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 e2m1 codes -> their fp32 values on the grid (unscaled)."""
+    grid = torch.tensor(E2M1_GRID, device=codes.device)
+    mag = grid[(codes & 0x7).long()]
+    return torch.where((codes & 0x8) != 0, -mag, mag)
+
+
+def fp4_upstream_key_exponents(x: torch.Tensor) -> torch.Tensor:
+    """ue8m0 exponent bytes ``[..., 4]`` of keys ``[..., 128]`` as
+    ``fp4_indexer.py::quantize_fp4_indexer_row`` computes them: ``sf = max(amax / 6, 1e-4)``
+    (IEEE division), exponent = ceil of its binade (``_ceil_ue8m0_exp``), clamped to [1, 254]."""
+    amax = x.float().unflatten(-1, (-1, FP4_BLOCK)).abs().amax(dim=-1)
+    sf = torch.clamp(amax / FP4_MAX, min=FP4_UPSTREAM_FLOOR)
+    bits = sf.contiguous().view(torch.int32)
+    exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    return exponent.clamp(1, 254).to(torch.uint8)
+
+
+def _exp_scale(exponents: torch.Tensor) -> torch.Tensor:
+    """ue8m0 bytes ``[..., 4]`` -> fp32 powers of two ``[..., 4, 1]`` (one per block of 32)."""
+    return (exponents.to(torch.int32) << 23).view(torch.float32).unsqueeze(-1)
+
+
+def fp4_upstream_quantize_keys(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys ``[n, 128]`` (the compressor's fp32 output) -> (codes uint8 ``[n, 128]``, exponent
+    bytes ``[n, 4]``), as ``store_fp4_index_k_cache(..., rne=False)`` -- the C4 pool's
+    ``set_index_fp4`` (``DeepSeekV4IndexerPool.index_k_rne = False``) -- quantizes them."""
+    exps = fp4_upstream_key_exponents(x)
+    scaled = x.float().unflatten(-1, (-1, FP4_BLOCK)) / _exp_scale(exps)
+    return fp4_upstream_codes(scaled).flatten(-2), exps
+
+
+def fp4_upstream_q(q_rot: torch.Tensor) -> torch.Tensor:
+    """The fp4 q of upstream's C4 fp4 indexer (``main_norm_rope.cuh::
+    fused_q_indexer_rope_hadamard_fp4_quant``), dequantized, fp32 ``[..., 128]``: the kernel rounds
+    its Hadamard output to bf16 (``cast<DType>``), then per 32 values ``scale_raw = max(1e-4,
+    amax) / 6``, ``cast_to_ue8m0`` (the power of two at or above), codes by ``quant_fp4_e2m1``'s
+    thresholds. Its head weights carry no q scale (``weights_out = weight * weight_scale``).
+    The kernel also rounds the RoPE tail to bf16 before the Hadamard; ``q_rot`` here was rotated
+    in fp32 in one go, so only the last rounding is reproduced."""
+    xb = q_rot.to(torch.bfloat16).float().unflatten(-1, (-1, FP4_BLOCK))
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    scale = ceil_pow2(torch.clamp(amax, min=FP4_UPSTREAM_FLOOR) / FP4_MAX)
+    return (fp4_code_values(fp4_upstream_codes(xb / scale)) * scale).flatten(-2)
+
+
+def fp4_pack(codes: torch.Tensor) -> torch.Tensor:
+    """Codes ``[n, 128]`` -> bytes ``[n, 64]``: element 2i in the low nibble of byte i, 2i+1 high."""
+    return (codes[:, 0::2] & 0x0F) | ((codes[:, 1::2] & 0x0F) << 4)
+
+
+def fp4_write(pool: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor, exps: torch.Tensor) -> None:
+    """Scatter into upstream's 68-B page layout (``_store_fp4_index_k_cache_kernel``): bytes
+    ``[o*64, o*64+64)`` of a page hold offset ``o``'s packed codes, bytes ``[64*64 + o*4, +4)``
+    its four exponents."""
+    page, off = _slot_page_offset(slots)
+    ar_v = torch.arange(FP4_PAYLOAD_BYTES, device=pool.device)
+    ar_s = torch.arange(4, device=pool.device)
+    pool[page.unsqueeze(1), (off * FP4_PAYLOAD_BYTES).unsqueeze(1) + ar_v] = fp4_pack(codes)
+    pool[page.unsqueeze(1), (PAGE_SLOTS * FP4_PAYLOAD_BYTES + off * 4).unsqueeze(1) + ar_s] = exps
+
+
+def fp4_store(pool: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:
+    """Emulation of ``DeepSeekV4IndexerPool.set_index_fp4`` on the C4 pool."""
+    codes, exps = fp4_upstream_quantize_keys(keys)
+    fp4_write(pool, slots, codes, exps)
+
+
+def fp4_read(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Key values fp32 ``[n, 128]`` of ``slots`` from a 68-B fp4 pool (the scorer's view)."""
+    from .replay_format import fp4_decode
+
+    page, off = _slot_page_offset(slots)
+    ar_v = torch.arange(FP4_PAYLOAD_BYTES, device=pool.device)
+    ar_s = torch.arange(4, device=pool.device)
+    payload = pool[page.unsqueeze(1), (off * FP4_PAYLOAD_BYTES).unsqueeze(1) + ar_v]
+    exps = pool[page.unsqueeze(1), (PAGE_SLOTS * FP4_PAYLOAD_BYTES + off * 4).unsqueeze(1) + ar_s]
+    return fp4_decode(payload, exps)
 
 
 def f32_view(pool: torch.Tensor) -> torch.Tensor:

@@ -69,6 +69,10 @@ class GpuBackend(Backend):
         self.paths["score_bf16"] = self._desc(self._bf16_score, "emulation (fp32)")
         self.paths["select"] = self._desc(self._topk, "torch.topk with topk_transform_paged semantics")
         self.paths["fp8_emul"] = f"torch emulation on {self.device} ({fp8_sem}), control arm"
+        self._fp4_store = U.import_attr("sglang.kernels.ops.attention.dsv4.fp4_indexer", "store_fp4_index_k_cache")
+        self.paths["store_fp4"] = self._desc(self._fp4_store, "emulation of set_index_fp4 (torch)", "(rne=False)")
+        for step in ("q_fp4", "score_fp4", "reference"):
+            self.paths[step] = self.emul.paths[step]
 
     @staticmethod
     def _desc(got: U.Loaded, fallback: str, suffix: str = "") -> str:
@@ -156,6 +160,8 @@ class GpuBackend(Backend):
                 page_size=F.PAGE_SLOTS,
                 type="indexer",
             )
+        elif fmt == "fp4" and isinstance(self._fp4_store, U.Found):
+            self._fp4_store.obj(keys.float().contiguous(), pool, slots, page_size=F.PAGE_SLOTS, rne=False)
         elif fmt == "bf16" and pool.data_ptr() in self._pools:
             self._pools[pool.data_ptr()].set_index_k_bf16(0, slots, keys.float().contiguous())
         else:

@@ -119,8 +119,10 @@ def summarize(values: Iterable[float]) -> dict[str, float]:
 
 
 METRICS = ("recall_tie", "recall_strict", "mass")
-#: aggregated when the records carry them (synthetic problems do; a capture without q_rot not)
-OPTIONAL_METRICS = ("recall_tie_unq",)
+#: aggregated when the records carry them (synthetic problems do; a capture without q_rot not):
+#: the arm against the exact-q and the reference oracles, the reference's own selection against
+#: the same-q and exact-q oracles
+OPTIONAL_METRICS = ("recall_tie_unq", "recall_tie_ref", "ref_recall_tie", "ref_recall_tie_unq")
 
 
 def aggregate(

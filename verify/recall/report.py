@@ -40,6 +40,9 @@ CSV_FIELDS = (
     "agree_bf16",
     "recall_tie_unq",
     "q_quant_recall",
+    "recall_tie_ref",
+    "ref_recall_tie",
+    "ref_recall_tie_unq",
 )
 
 
@@ -214,20 +217,7 @@ def summary_markdown(
             lines.append(f"| {n:,} | {keys} | {rec} | {ratio} | {nd} |")
         lines.append("")
         if any("recall_tie_unq" in e for e in per_length):
-            lines.append(f"Mean tie-aware recall, same-q oracle / exact-q oracle, index_topk={topk}:\n")
-            lines.append("| tokens | " + " | ".join(arms) + " |")
-            lines.append("|" + "---|" * (1 + len(arms)))
-            for n in lengths:
-                cells = []
-                for a in arms:
-                    e = by.get((a, topk, n))
-                    if e is None:
-                        cells.append("-")
-                        continue
-                    ex = e.get("recall_tie_unq")
-                    cells.append(f"{_fmt(e['recall_tie']['mean'])} / {_fmt(ex['mean']) if isinstance(ex, dict) else '-'}")  # type: ignore[index]
-                lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
-            lines.append("")
+            lines.extend(oracle_table(by, arms, topk, lengths))
     lines.append("## Per depth (all lengths), mean tie-aware recall\n")
     depths = sorted({e["depth"] for e in per_depth}, key=lambda d: -1.0 if d is None else float(d))  # type: ignore[arg-type]
     byd = {(e["arm"], e["topk"], e["depth"]): e for e in per_depth}
@@ -245,6 +235,38 @@ def summary_markdown(
     lines.append("")
     lines.append("Files: " + ", ".join(f"`{f}`" for f in files) + "\n")
     return "\n".join(lines)
+
+
+ORACLES_NOTE = (
+    "None of these is model quality: each oracle says which keys a scorer keeps -- with exact arithmetic "
+    "on the production fp8 q (same-q) or on the unquantized q (exact-q), or with the numerics DeepSeek's "
+    "reference runs and trained the indexer with (reference: fp4 q x fp4 k in a bf16 container)."
+)
+
+
+def _mean(e: Mapping[str, object] | None, metric: str) -> object:
+    m = None if e is None else e.get(metric)
+    return m["mean"] if isinstance(m, dict) else None
+
+
+def oracle_table(by: Mapping[tuple, Mapping[str, object]], arms: Sequence[str], topk: int, lengths: Sequence[int]) -> list[str]:
+    """Per length, each arm's mean tie-aware recall against each oracle, and (where the records
+    carry the reference oracle) the reference's own selection against the other two."""
+    has_ref = any(_mean(by.get((a, topk, n)), "recall_tie_ref") is not None for a in arms for n in lengths)
+    names = ["same-q", "exact-q"] + (["reference"] if has_ref else [])
+    metrics = ["recall_tie", "recall_tie_unq"] + (["recall_tie_ref"] if has_ref else [])
+    head = " oracle / ".join(names) + " oracle"
+    lines = [f"Mean tie-aware recall, {head}, index_topk={topk}:\n"]
+    extra = ["reference's own selection (fp4 q x fp4 k)"] if has_ref else []
+    lines.append("| tokens | " + " | ".join([*arms, *extra]) + " |")
+    lines.append("|" + "---|" * (1 + len(arms) + len(extra)))
+    for n in lengths:
+        cells = [" / ".join(_fmt(_mean(by.get((a, topk, n)), m)) for m in metrics) for a in arms]
+        if has_ref:
+            first = next((by[(a, topk, n)] for a in arms if (a, topk, n) in by), None)
+            cells.append(f"{_fmt(_mean(first, 'ref_recall_tie'))} / {_fmt(_mean(first, 'ref_recall_tie_unq'))} / 1")
+        lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    return [*lines, "", ORACLES_NOTE, ""]
 
 
 def per_length_with_sizes(records: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:

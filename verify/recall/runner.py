@@ -1,10 +1,16 @@
-"""Tier 2 for one problem: store every arm's keys, score, select, compare with the oracle.
+"""Tier 2 for one problem: store every arm's keys, score, select, compare with the oracles.
 
-Arms (``only key storage differs``: every arm and the oracle use the same production fp8 q):
+Arms (all but ``bf16q`` and ``fp4`` use the production fp8 q, so only key storage differs):
 
 * ``bf16``: keys through the bf16 store, scored by the bf16 scorer (the series);
 * ``fp8``: keys through upstream's fp8 store, scored by the fp8 scorer (upstream default);
-* ``fp4sim``: keys through DeepSeek's fp4 QAT rounding, stored and scored as bf16 (noise floor);
+* ``fp4``: upstream's own fp4 C4 indexer (``--enable-deepseek-v4-fp4-indexer``): its fp4 q and
+  its 68-B fp4 keys, both rounded by its thresholds (:func:`verify.recall.formats.
+  fp4_upstream_codes`), scored in fp32 as DeepGEMM's ``fp8_fp4_paged_mqa_logits`` would --
+  emulated on every backend: that kernel exists for SM100 only, none for Hopper, and upstream
+  refuses the flag below SM100 (``serving_hook.py``);
+* ``fp4sim``: keys through DeepSeek's fp4 QAT rounding, stored and scored as bf16, read with the
+  production fp8 q (the key format alone);
 * ``fp8_emul`` (GPU only): the exact torch emulation of the fp8 path on the same inputs -- what a
   correct fp8 path must reproduce; the diagnosis compares ``fp8`` against it;
 * ``bf16q``: the bf16 arm's keys scored with q *before* its fp8 rounding (bf16 q, unfolded head
@@ -13,9 +19,13 @@ Arms (``only key storage differs``: every arm and the oracle use the same produc
   with one fp32 scale per key, and e4m3 with one power-of-two (ue8m0) scale per 32 values.
 
 Oracles: the *same-q* oracle scores the unrounded keys with the production fp8 q (dequantized) --
-every arm but ``bf16q`` uses that q, so it isolates what key storage costs (``recall_tie``, the
-gate's oracle); the *exact-q* oracle uses the unquantized fp32 q (``*_unq`` fields): what a user
-gets against the model's exact scores.
+every arm but ``bf16q`` / ``fp4`` uses that q, so it isolates what key storage costs
+(``recall_tie``, the gate's oracle); the *exact-q* oracle uses the unquantized fp32 q (``*_unq``
+fields): what a user gets against exact scores; the *reference* oracle is DeepSeek's own
+indexer numerics, fp4 q x fp4 keys (:mod:`verify.recall.deepseek_reference`, ``*_ref`` fields):
+the selection the model was trained with. Each arm's overlap with each is a tie-aware recall;
+``ref_recall_tie`` / ``ref_recall_tie_unq`` are the reference selection's own against the
+same-q / exact-q oracles. None of them is model quality.
 """
 
 from __future__ import annotations
@@ -26,16 +36,17 @@ from collections.abc import Sequence
 import torch
 
 from . import formats as F
-from .backend import Backend, EmulationBackend, torch_select
+from .backend import Backend, EmulationBackend, QueryInputs, torch_select
+from .deepseek_reference import ReferenceIndexer
 from .generator import Problem
 from .metrics import row_metrics
 from .scoring import SlotKeys, grouped_row_logits
 
-ARM_FORMAT: dict[str, str] = {"bf16": "bf16", "fp8": "fp8", "fp4sim": "bf16", "fp8_emul": "fp8",
+ARM_FORMAT: dict[str, str] = {"bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "fp4sim": "bf16", "fp8_emul": "fp8",
                               "bf16q": "bf16", "int8sim": "f32", "fp8b32sim": "bf16"}
-BASE_ARMS = ("bf16", "fp8", "fp4sim", "bf16q", "int8sim", "fp8b32sim")
-#: arms scored with the unquantized q (bf16-rounded) instead of the production fp8 q
-UNQ_Q_ARMS = ("bf16q",)
+BASE_ARMS = ("bf16", "fp8", "fp4", "fp4sim", "bf16q", "int8sim", "fp8b32sim")
+#: arms scored with a q made from the unquantized one instead of the production fp8 q
+UNQ_Q_ARMS = ("bf16q", "fp4")
 #: arms whose pool is another arm's (same keys, different q)
 SHARED_POOL = {"bf16q": "bf16"}
 ROW_FIELDS = (
@@ -59,6 +70,18 @@ ROW_FIELDS = (
 def arm_keys(arm: str, keys: torch.Tensor) -> torch.Tensor:
     sim = {"fp4sim": F.fp4_sim, "int8sim": F.int8_sim, "fp8b32sim": F.fp8_block32_sim}.get(arm)
     return sim(keys) if sim is not None else keys
+
+
+def arm_query(arm: str, q_fp8: torch.Tensor, w: torch.Tensor, qi: QueryInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q and head weights ``arm`` is scored with: the production fp8 q with its folded
+    weights, or (``UNQ_Q_ARMS``) a q made from the unquantized one with the plain weights."""
+    if arm not in UNQ_Q_ARMS:
+        return q_fp8, w
+    assert qi.q_rot is not None and qi.w_raw is not None
+    w_unq = qi.w_raw.float() * qi.weight_scale
+    if arm == "fp4":
+        return F.fp4_upstream_q(qi.q_rot), w_unq
+    return qi.q_rot.to(torch.bfloat16), w_unq
 
 
 def _ops(arm: str, backend: Backend, control: EmulationBackend | None) -> Backend:
@@ -128,11 +151,13 @@ def run_problem(
     qi = problem.queries
     has_unq = qi.q_rot is not None and qi.w_raw is not None
     w_unq = qi.w_raw.float() * qi.weight_scale if has_unq else None  # type: ignore[union-attr]
-    q_bf16 = qi.q_rot.to(torch.bfloat16) if has_unq else None  # type: ignore[union-attr]
     arms = [a for a in arms if a not in UNQ_Q_ARMS or has_unq]
+    queries = {arm: arm_query(arm, problem.q_fp8, problem.w, qi) for arm in arms}
+    t1 = time.perf_counter()
+    reference = ReferenceIndexer.of(problem.keys_ref) if has_unq else None
+    t_oracle = time.perf_counter() - t1
     records: list[dict[str, object]] = []
     t_score = 0.0
-    t_oracle = 0.0
     for rows in batch_rows(problem, budget_bytes):
         qidx = problem.q_index[rows]
         seq = problem.seq_lens[rows]
@@ -140,16 +165,15 @@ def run_problem(
         t1 = time.perf_counter()
         oracle = grouped_row_logits(ref, q_deq, problem.w, qidx, pt, seq)
         oracle_unq = grouped_row_logits(ref, qi.q_rot, w_unq, qidx, pt, seq) if has_unq else None  # type: ignore[arg-type]
+        oracle_ref, ref_sel = (
+            reference.select(qi.q_rot, w_unq, qidx, pt, seq, problem.topk[rows])  # type: ignore[arg-type]
+            if reference is not None else (None, None)
+        )
         sync(oracle.device)
         t_oracle += time.perf_counter() - t1
         t1 = time.perf_counter()
         logits = {
-            arm: _ops(arm, backend, control).score(
-                fmt_of[arm], pools[arm],
-                q_bf16 if arm in UNQ_Q_ARMS else problem.q_fp8,  # type: ignore[arg-type]
-                w_unq if arm in UNQ_Q_ARMS else problem.w,  # type: ignore[arg-type]
-                qidx, seq, pt,
-            )
+            arm: _ops(arm, backend, control).score(fmt_of[arm], pools[arm], *queries[arm], qidx, seq, pt)
             for arm in arms
         }
         sync(oracle.device)
@@ -163,16 +187,24 @@ def run_problem(
             sels = {
                 arm: _ops(arm, backend, control).select(logits[arm][sub], seq[sub], pt[sub], topk) for arm in arms
             }
-            q_quant = None
+            q_quant = ref_same = ref_unq = None
             if oracle_unq is not None:
                 o_sel = torch_select(o_sub, seq[sub], topk)
                 q_quant = row_metrics(oracle_unq[sub], seq[sub], topk, o_sel)["recall_tie"]
+            if oracle_ref is not None and ref_sel is not None and oracle_unq is not None:
+                r_sel = ref_sel[sub, :topk]
+                ref_same = row_metrics(o_sub, seq[sub], topk, r_sel)["recall_tie"]
+                ref_unq = row_metrics(oracle_unq[sub], seq[sub], topk, r_sel)["recall_tie"]
             bf16_sel = sels.get("bf16")
             for arm in arms:
                 m = row_metrics(o_sub, seq[sub], topk, sels[arm], needle)
                 if oracle_unq is not None:
                     m["recall_tie_unq"] = row_metrics(oracle_unq[sub], seq[sub], topk, sels[arm])["recall_tie"]
                     m["q_quant_recall"] = q_quant  # type: ignore[assignment]
+                if oracle_ref is not None:
+                    m["recall_tie_ref"] = row_metrics(oracle_ref[sub], seq[sub], topk, sels[arm])["recall_tie"]
+                    m["ref_recall_tie"] = ref_same  # type: ignore[assignment]
+                    m["ref_recall_tie_unq"] = ref_unq  # type: ignore[assignment]
                 if bf16_sel is not None:
                     m["agree_bf16"] = _agreement(sels[arm], bf16_sel, m["k"])
                 cols = {name: t.detach().cpu().tolist() for name, t in m.items() if t is not None}

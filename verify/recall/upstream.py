@@ -13,7 +13,7 @@ from pathlib import Path
 from verify import platform as P
 from verify.platform import Found, Loaded, Missing, import_attr, sglang_root, short_error
 
-__all__ = ["Found", "Loaded", "Missing", "sglang_root", "short_error"]
+__all__ = ["Found", "Loaded", "Missing", "import_attr", "sglang_root", "short_error"]
 
 _short = short_error
 
