@@ -43,16 +43,24 @@ def test_each_format_is_the_one_upstreams_resolver_reads() -> None:
                 assert resolve_dsv4_index_k_format() == fmt
 
 
-def test_the_adapter_takes_the_one_option_where_upstream_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang.srt.arg_groups.fields import exec_
+def test_the_overrides_are_what_server_arg_resolution_gives_each_format() -> None:
+    import argparse
 
-    from verify.cost.capacity import format_overrides
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.arg_groups.serving_hook import handle_deepseek_v4_indexer_k_dtype
+    from sglang.srt.runtime_context import override_platform
+    from sglang.srt.server_args import ServerArgs
 
-    fields = exec_.ExecKernel.__struct_fields__
-    if "deepseek_v4_indexer_k_dtype" not in fields:
-        assert format_overrides("fp4") == {"enable_deepseek_v4_bf16_index_k": False, "enable_deepseek_v4_fp4_indexer": True}
-        monkeypatch.setattr(exec_, "ExecKernel", type("ExecKernel", (), {"__struct_fields__": (*fields, "deepseek_v4_indexer_k_dtype")}))
-    assert format_overrides("bf16") == {"deepseek_v4_indexer_k_dtype": "bf16"}
+    from verify.cost.capacity import FORMATS, format_overrides
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    for fmt in FORMATS:
+        args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", "m", "--deepseek-v4-indexer-k-dtype", fmt]))
+        with override_platform(is_cuda=True, is_hip=False, is_sm100=True):
+            handle_deepseek_v4_indexer_k_dtype(args)
+        view = resolving_view(args)
+        assert {name: getattr(view, name) for name in format_overrides(fmt)} == format_overrides(fmt)
     with pytest.raises(ValueError):
         format_overrides("int8")
 

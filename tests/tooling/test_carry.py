@@ -23,7 +23,7 @@ from .conftest import REPO_ROOT, TRAILERS, WHY, Product
 from .test_rebase import _cli
 
 REL = "0.5.23"
-PROBE = "python/sglang/test/dsv4_bf16_index_k/test_release_probe.py"
+PROBE = "test/registered/unit/test_release_probe.py"
 PROBE_PATCH = "add-a-release-probe-test.patch"
 NOTES = "python/sglang/srt/layers/attention/dsv4/BF16K_PROBE.txt"
 NOTES_PATCH = "add-the-probe-notes.patch"
@@ -33,7 +33,7 @@ from pathlib import Path
 
 
 def _release():
-    path = Path(__file__).resolve().parents[2] / "_version.py"
+    path = Path(__file__).resolve().parents[3] / "python" / "sglang" / "_version.py"
     spec = importlib.util.spec_from_file_location("sglang_release_probe", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -128,7 +128,7 @@ def test_failing_series_test_stops_the_carry_and_a_fix_finishes_it(probe_product
     assert set(info.from_blobs) == {PROBE_PATCH, NOTES_PATCH}
     # The range-diff is a PR description: the hand-merged file, the hunk once, the reason.
     md = (nxt / "range-diff.md").read_text()
-    assert f"| 1 → 1 | `{PROBE_PATCH}` | content-changed | `test/dsv4_bf16_index_k/test_release_probe.py` |" in md
+    assert f"| 1 → 1 | `{PROBE_PATCH}` | content-changed | `test/registered/unit/test_release_probe.py` |" in md
     assert md.count('++    assert _release() == "0.5.23"') == 1 and why in md
     assert "git range-diff" not in md
     # The CHANGELOG entry is wrapped, carries the reason, and the carry said it wrote it.

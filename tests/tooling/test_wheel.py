@@ -261,12 +261,12 @@ def _real_series_state() -> str:
 # feature: (text the applied tree must contain for the feature to be there, check of the installed wheel)
 REAL_CHECKS = {
     "bf16-server-arg": (
-        "enable-deepseek-v4-bf16-index-k",
+        "deepseek-v4-indexer-k-dtype",
         (
             "import argparse, sglang.srt.server_args as sa\n"
             "p = argparse.ArgumentParser(); sa.ServerArgs.add_cli_args(p)\n"
-            "a = p.parse_args(['--model-path', 'x', '--enable-deepseek-v4-bf16-index-k'])\n"
-            "assert a.enable_deepseek_v4_bf16_index_k is True\n"
+            "a = p.parse_args(['--model-path', 'x', '--deepseek-v4-indexer-k-dtype', 'bf16'])\n"
+            "assert a.deepseek_v4_indexer_k_dtype == 'bf16'\n"
         ),
     ),
     "bf16-bytes-per-token": (

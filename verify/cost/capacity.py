@@ -36,15 +36,11 @@ DEFAULT_SWA_RATIO = 0.1
 
 
 def format_overrides(fmt: str) -> dict[str, object]:
-    """The ServerArgs fields that select index-K format ``fmt``: the one option
-    ``deepseek_v4_indexer_k_dtype`` where upstream's ``ExecKernel`` has it, else the two flags."""
-    from sglang.srt.arg_groups.fields.exec_ import ExecKernel
-
+    """The ServerArgs fields a server resolves for index-K format ``fmt``: the option, and the
+    deprecated fp4 flag that server-arg resolution keeps consistent with it."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown index-K format {fmt!r}; known: {FORMATS}")
-    if "deepseek_v4_indexer_k_dtype" in ExecKernel.__struct_fields__:
-        return {"deepseek_v4_indexer_k_dtype": fmt}
-    return {"enable_deepseek_v4_bf16_index_k": fmt == "bf16", "enable_deepseek_v4_fp4_indexer": fmt == "fp4"}
+    return {"deepseek_v4_indexer_k_dtype": fmt, "enable_deepseek_v4_fp4_indexer": fmt == "fp4"}
 
 
 @dataclass(frozen=True)
