@@ -3,7 +3,7 @@ NOX ?= nox
 ARGS ?=
 
 .PHONY: help setup apply build tests check lint bisect export status verify bench rebase range-diff \
-	rebase-check wheel pr-drafts
+	rebase-check wheel pr-drafts live-install cost
 
 help: ## list the targets (the sessions behind them: `nox -l`)
 	@grep -E '^[a-z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -55,3 +55,9 @@ wheel: ## a patched sglang wheel for pip (build/wheel/)
 
 pr-drafts: ## upstream PR drafts (build/pr-drafts/)
 	$(NOX) -s pr_drafts -- $(ARGS)
+
+live-install: ## the live tier from its extra alone (fresh venv, no torch)
+	$(NOX) -s live_install -- $(ARGS)
+
+cost: ## what each index-K format costs (KV-pool tokens, decode bytes, TTFT); no GPU
+	$(NOX) -s cost -- $(ARGS)

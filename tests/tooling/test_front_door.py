@@ -72,7 +72,8 @@ def test_makefile_wraps_every_session() -> None:
 
 def test_ci_runs_every_ci_session_and_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    ran = set(re.findall(r"^nox -s ([a-z_ ]+?)\s*(?:#|$)", ci, re.MULTILINE))
+    # `stage NAME nox -s SESSION... [-- OPTIONS]`: each stage's time goes to the log.
+    ran = set(re.findall(r"^stage \S+ nox -s ([a-z_ ]+?)\s*(?:-- [^#]*)?(?:#|$)", ci, re.MULTILINE))
     ran_sessions = {name for line in ran for name in line.split()}
     ci_tagged = {s.name for s in nox_sessions() if "ci" in s.tags}
     assert ci_tagged <= ran_sessions, f"tagged ci but not in .ci/run: {sorted(ci_tagged - ran_sessions)}"
@@ -80,7 +81,7 @@ def test_ci_runs_every_ci_session_and_the_readme_test_command() -> None:
     setup = readme[readme.index("## Set up") : readme.index("## Sessions")]
     for command in ("nox -s apply build", "nox -s tests"):
         assert command in setup, f"README's set-up section lost `{command}`"
-        assert re.search(rf"^{re.escape(command)}\b", ci, re.MULTILINE), f".ci/run does not run `{command}`"
+        assert re.search(rf"^stage \S+ {re.escape(command)}\b", ci, re.MULTILINE), f".ci/run does not run `{command}`"
 
 
 def test_ci_refuses_a_disk_without_room_before_changing_anything() -> None:
