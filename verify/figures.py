@@ -461,7 +461,90 @@ def cost(root: Path) -> str:
     return f"Source `{rel}` (upstream's pool configurator on CPU; kernel ratios from the H200 bench):\n\n" + markdown(data)
 
 
+# The format guide's rows: what the series' option calls each format and what it stores per key.
+GUIDE_FORMATS = (
+    ("fp8", "`fp8` (upstream's default)", "e4m3 + fp32 scale"),
+    ("bf16", "`bf16` (this series)", "bf16, no scale"),
+    ("fp4", "`fp4` (upstream's fp4 indexer)", "e2m1 + ue8m0 a 32; q in fp4 too"),
+)
+GUIDE_MODEL = "DeepSeek-V4-Flash"
+GUIDE_COST_LENGTHS = (32768, 1048576)
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def format_guide(root: Path) -> str:
+    """One row per index-K format: tier 2's overlap with exact math, with upstream's fp8 q and
+    with DeepSeek's reference selection (CPU emulation), beside what ``verify.cost`` says the
+    format costs (V4-Flash)."""
+    rel_recall, rel_cost = f"{CPU}/recall/results.json", f"{COST}/cost.json"
+    res, cost_data = _load(root, rel_recall), _load(root, rel_cost)
+    if res is None:
+        return _missing(rel_recall, CPU_TIER2_COMMAND)
+    if cost_data is None:
+        return _missing(rel_cost, COST_COMMAND)
+    recall = {(r["arm"], r["length_tokens"]): r for r in res["per_length"] if r["topk"] == 512}
+    model = next(m for m in cost_data["models"] if m["shape"]["name"] == GUIDE_MODEL)
+    caps = {(c["mode"], c["fmt"]): c for c in model["capacity"]}
+    per_len = {row["tokens"]: row for row in model["per_length"]}
+
+    def overlap(arm: str, key: str) -> str:
+        return " / ".join(f"{recall[(arm, n)][key]['mean']:.3f}" for n in TIER2_LENGTHS)
+
+    def pool(fmt: str) -> str:
+        parts = []
+        for mode in ("ratio", "cap"):
+            ratio = caps[(mode, fmt)]["full_tokens"] / caps[(mode, "fp8")]["full_tokens"] - 1
+            parts.append(f"{ratio:+.1%}")
+        return " / ".join(parts)
+
+    def decode_bytes(fmt: str) -> str:
+        return " / ".join(
+            _ratio(per_len[n]["decode_bytes"][fmt]["total"] / per_len[n]["decode_bytes"]["fp8"]["total"])
+            for n in GUIDE_COST_LENGTHS
+        )
+
+    def ttft(fmt: str) -> str:
+        if fmt == "fp8":
+            return "1 (baseline)"
+        values = [per_len[n]["ttft_factor"].get(fmt) for n in GUIDE_COST_LENGTHS]
+        if all(v is None for v in values):
+            return "not measured (no Hopper kernel)"
+        return " / ".join(_ratio(v) for v in values)
+
+    lengths = " / ".join(f"{n / 1000:.1f}K" if n < 100000 else f"{n / 1000:.0f}K" for n in TIER2_LENGTHS)
+    cost_lengths = " / ".join(f"{n // 1024}K" if n < 1 << 20 else f"{n >> 20}M" for n in GUIDE_COST_LENGTHS)
+    out = [
+        f"Sources: `{rel_recall}` (tier 2, CPU emulation of each format's rounding; top-512 overlap at "
+        f"{lengths} tokens) and `{rel_cost}` ({GUIDE_MODEL}; KV-pool tokens from upstream's configurator "
+        f"with the SWA pool by ratio / by cap; decode KV bytes and TTFT at {cost_lengths} tokens, TTFT "
+        "estimated from the H200 bench's kernel ratios).",
+        "",
+        "| format | stored per key | vs exact math | vs exact keys, upstream's fp8 q | vs DeepSeek's reference "
+        "selection | KV-pool tokens vs fp8 | decode KV bytes vs fp8 | TTFT vs fp8 (est.) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for fmt, label, stored in GUIDE_FORMATS:
+        size = caps[("ratio", fmt)]["index_bytes_allocated"]
+        budgeted = caps[("ratio", fmt)]["index_bytes_budgeted"]
+        size_text = f"{size} B ({stored})" + (f"; budgeted at {budgeted} B" if budgeted != size else "")
+        out.append(
+            f"| {label} | {size_text} | {overlap(fmt, 'recall_tie_unq')} | {overlap(fmt, 'recall_tie')} | "
+            f"{overlap(fmt, 'recall_tie_ref')} | {pool(fmt)} | {decode_bytes(fmt)} | {ttft(fmt)} |"
+        )
+    out += [
+        "",
+        f"DeepSeek's reference selection itself (fp4 q and keys in a bf16 container) against exact math: "
+        f"{overlap('bf16', 'ref_recall_tie_unq')}. bf16 keys with a bf16 q (the `bf16q` arm) against exact math: "
+        f"{overlap('bf16q', 'recall_tie_unq')}, so what bf16 keys leave is upstream's fp8 q.",
+    ]
+    return "\n".join(out) + "\n"
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
+    "format-guide": format_guide,
     "cost": cost,
     "speed": speed,
     "mtp-sweep": mtp_sweep,
