@@ -1,22 +1,29 @@
 """`bisect`: every prefix of the series leaves a working tree (imports, compiles, its tests pass).
 
 The patches are applied one at a time in a scratch clone (the user's sglang-upstream is not
-touched). After each one: byte-compile the Python files the series has touched so far, import each
-touched module that imported on the unpatched base, and run the series' upstream-style tests that
-exist at that point (`python/sglang/test/dsv4_bf16_index_k/`). This is `stg rebase --exec`'s
-per-patch check, run on the pin. A carry runs the same check over its carried commits
-(:func:`check_commits`): each commit is a prefix, so nothing is applied twice.
+touched), each leaving a commit. Each prefix is then checked on its own: byte-compile the Python
+files the series has touched so far, import each touched module that imported on the unpatched
+base, and run the series' upstream-style tests that exist at that point (the test files the series
+has added under test/registered/). This is `stg rebase --exec`'s per-patch check, run on the pin.
+A carry runs the same check over its carried commits (:func:`check_commits`).
+
+The imports and the tests of a prefix share one Python process (importing sglang costs ~15-30 s a
+process), and prefixes are checked ``BF16K_TEST_JOBS`` (default 2) at a time, each in its own
+clone: the checks are independent, and CPU-bound in one interpreter each.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,19 +85,42 @@ def importable(repo: Path, modules: list[str], python: TestPython) -> dict[str, 
     return {m: str(errors.get(m, "")) for m in modules}
 
 
+# A pytest plugin that imports the touched modules first (each caught on its own) and writes what
+# failed, so a prefix's imports and tests cost one interpreter start.
+_IMPORT_PLUGIN = """
+import importlib, json, os, traceback
+
+
+def pytest_configure(config):
+    errors = {}
+    for name in filter(None, os.environ["BF16K_IMPORT_MODULES"].split(",")):
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - reported per module
+            errors[name] = (traceback.format_exception_only(type(exc), exc) or ["?"])[-1].strip()
+    with open(os.environ["BF16K_IMPORT_OUT"], "w") as fh:
+        json.dump(errors, fh)
+"""
+
+
 def _local_python() -> TestPython:
     """The running interpreter (the bisect session's venv), with its CUDA answer."""
     probed = seriestests._probe(sys.executable)
     return probed or TestPython(sys.executable, cuda=False)
 
 
-class _Checker:
-    """What one prefix must satisfy, given every file the series touches."""
+def base_imports(repo: Path, touched: list[str], created: set[str], python: TestPython) -> dict[str, str]:
+    """Which touched modules import on the unpatched base checked out in ``repo`` (a module that
+    did not import there is not required to import later)."""
+    modules = [(m, p) for m, p in ((_module_name(p), p) for p in touched) if m]
+    return importable(repo, [m for m, p in modules if p not in created], python)
 
-    def __init__(self, repo: Path, touched: list[str], created: set[str], python: TestPython) -> None:
-        self.repo, self.python = repo, python
-        modules = [(m, p) for m, p in ((_module_name(p), p) for p in touched) if m]
-        self.base_import = importable(repo, [m for m, p in modules if p not in created], python)
+
+class _Checker:
+    """What one prefix, checked out in ``repo``, must satisfy."""
+
+    def __init__(self, repo: Path, base_import: dict[str, str], python: TestPython) -> None:
+        self.repo, self.python, self.base_import = repo, python, base_import
 
     def check(self, step: Step, seen: list[str], run_tests: bool) -> None:
         repo = self.repo
@@ -104,18 +134,40 @@ class _Checker:
                 step.problems.append(f"does not byte-compile: {proc.stderr.strip()[-1500:]}")
         mods = [m for m in (_module_name(f) for f in present) if m]
         wanted = [m for m in mods if self.base_import.get(m, "") == ""]
-        for module, error in importable(repo, wanted, self.python).items():
+        tests = [f for f in present if is_series_test(f)] if run_tests else []
+        if tests:
+            errors, result = self._import_and_test(wanted, tests)
+        else:
+            errors, result = importable(repo, wanted, self.python), None
+        for module, error in errors.items():
             if error:
                 step.problems.append(f"import {module} fails: {error}")
         step.notes.append(f"imported {len(wanted)} touched module(s)")
-        tests = [f for f in present if is_series_test(f)]
-        if run_tests and tests:
-            result = seriestests.run(self.python, repo, select=tests, extra=["-x"])
-            if not result.ok:
-                step.failures = result.failures
-                step.problems.append(f"series tests fail: {result.summary()}\n{result.output[-3000:]}")
-            else:
-                step.notes.append(f"series tests: {result.summary()}")
+        if result is not None and not result.ok:
+            step.failures = result.failures
+            step.problems.append(f"series tests fail: {result.summary()}\n{result.output[-3000:]}")
+        elif result is not None:
+            step.notes.append(f"series tests: {result.summary()}")
+
+    def _import_and_test(self, modules: list[str], tests: list[str]) -> tuple[dict[str, str], seriestests.TestRun]:
+        """The imports (by a plugin, before collection) and the tests in one pytest process."""
+        with tempfile.TemporaryDirectory(prefix="bf16k-imports-") as tmp:
+            plugin_dir = Path(tmp)
+            (plugin_dir / "bf16k_importcheck.py").write_text(_IMPORT_PLUGIN)
+            out = plugin_dir / "errors.json"
+            env = {
+                "BF16K_IMPORT_MODULES": ",".join(modules),
+                "BF16K_IMPORT_OUT": str(out),
+                "PYTHONPATH": os.pathsep.join([self.python.env(self.repo)["PYTHONPATH"], str(plugin_dir)]),
+            }
+            result = seriestests.run(
+                self.python, self.repo, select=tests, extra=["-x", "-p", "bf16k_importcheck"], env=env
+            )
+            try:
+                found = json.loads(out.read_text())
+            except (FileNotFoundError, ValueError):
+                found = {m: "the test process died before the imports were checked" for m in modules}
+        return {m: str(found.get(m, "")) for m in modules}, result
 
 
 def _say(index: int, total: int, step: Step) -> None:
@@ -130,24 +182,18 @@ def run(t: Target, *, python: TestPython | None = None, run_tests: bool = True) 
         print("bisect: the series is empty")
         return []
     up = upstream.obtain(t, quiet=True)
-    touched_all, created = series.touched_files(t.series_dir)
-    steps: list[Step] = []
     with patches.scratch_clone(up) as repo:
-        checker = _Checker(repo, touched_all, created, python)
-        seen: list[str] = []
+        base = gitutil.rev_parse(repo, "HEAD")
+        commits: list[str] = []
         for index, name in enumerate(names):
-            step = Step(index, name)
-            steps.append(step)
             failure = patches.run_am(repo, patches.mbox(t.series_dir, [name]), [name], offset=index)
             if failure:
-                step.problems.append(patches.conflict_message(failure, up, "bisect"))
+                step = Step(index, name, problems=[patches.conflict_message(failure, up, "bisect")])
                 patches.abort_am(repo)
-                break
-            info = series.parse_patch(t.series_dir / name)
-            seen += [f for f in info.files if f not in seen]
-            checker.check(step, seen, run_tests)
-            _say(index, len(names), step)
-    return steps
+                _say(index, len(names), step)
+                return [*check_commits(repo, base, commits, names[:index], python, run_tests=run_tests), step]
+            commits.append(gitutil.rev_parse(repo, "HEAD"))
+        return check_commits(repo, base, commits, names, python, run_tests=run_tests)
 
 
 @contextmanager
@@ -171,36 +217,59 @@ def check_commits(
     run_tests: bool = True,
     skip_last_tests: bool = False,
 ) -> list[Step]:
-    """The bisect checks on each of ``commits`` (prefixes of a series on ``base``), in a scratch clone.
+    """The bisect checks on each of ``commits`` (prefixes of a series on ``base``), ``BF16K_TEST_JOBS``
+    at a time, each worker in its own scratch clone; the steps in series order.
 
-    Stops at the first prefix that fails: later ones include it. ``skip_last_tests``: the whole
-    series' tests just passed on the last commit, so only its imports are checked again.
+    ``skip_last_tests``: the whole series' tests just passed on the last commit, so only its
+    imports are checked again.
     """
+    if not commits:
+        return []
     files_per_commit = [
         gitutil.out(["diff-tree", "--no-commit-id", "--name-only", "-r", c], repo).splitlines() for c in commits
     ]
     touched = sorted({f for files in files_per_commit for f in files})
     created = {f for f in touched if not gitutil.has_commit(repo, base) or
                gitutil.git(["cat-file", "-e", f"{base}:{f}"], repo, check=False).returncode != 0}  # fmt: skip
-    steps: list[Step] = []
-    with _worktree(repo) as clone:
-        gitutil.git(["checkout", "-q", "-f", base], clone)
-        checker = _Checker(clone, touched, created, python)
-        seen: list[str] = []
-        for index, (commit, name) in enumerate(zip(commits, names, strict=True)):
-            step = Step(index, name)
-            steps.append(step)
-            gitutil.git(["checkout", "-q", "-f", commit], clone)
+    seen_at: list[list[str]] = []
+    seen: list[str] = []
+    for files in files_per_commit:
+        seen = seen + [f for f in files if f not in seen]
+        seen_at.append(seen)
+    jobs = max(1, min(len(commits), int(os.environ.get(seriestests.JOBS_ENV, "2"))))
+    steps: dict[int, Step] = {}
+    todo: queue.Queue[int] = queue.Queue()
+    for index in range(len(commits)):
+        todo.put(index)
+    lock = threading.Lock()
+
+    def work(clone: Path, checker: _Checker) -> None:
+        while True:
+            try:
+                index = todo.get_nowait()
+            except queue.Empty:
+                return
+            step = Step(index, names[index])
+            gitutil.git(["checkout", "-q", "-f", commits[index]], clone)
             gitutil.git(["clean", "-q", "-fdx"], clone)
-            seen += [f for f in files_per_commit[index] if f not in seen]
             last = index == len(commits) - 1
-            checker.check(step, seen, run_tests and not (last and skip_last_tests))
+            checker.check(step, seen_at[index], run_tests and not (last and skip_last_tests))
             if last and skip_last_tests and run_tests:
                 step.notes.append("series tests: the full run above")
-            _say(index, len(commits), step)
-            if step.problems:
-                break
-    return steps
+            with lock:
+                steps[index] = step
+                _say(index, len(commits), step)
+
+    with ExitStack() as stack:
+        clones = [stack.enter_context(_worktree(repo)) for _ in range(jobs)]
+        gitutil.git(["checkout", "-q", "-f", base], clones[0])
+        on_base = base_imports(clones[0], touched, created, python)
+        workers = [threading.Thread(target=work, args=(clone, _Checker(clone, on_base, python))) for clone in clones]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    return [steps[i] for i in sorted(steps)]
 
 
 def report(steps: list[Step]) -> None:

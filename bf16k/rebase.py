@@ -1172,7 +1172,7 @@ def _resume_replay(root: Path, repo: Path, state: dict[str, Any], skip: bool, te
     hunks = _stop_hunks(state)
     extra = [h for h in reasonsmod.tree_hunks(repo, pending["tree"], tree) if h.path not in pending["conflicts"]]
     found = _require_reasons(text, reasonsmod.unique(hunks + extra), name, "replay")
-    _commit_replayed(repo, tree, pending["message"], tuple(pending["author"]), plan)  # type: ignore[arg-type]
+    _commit_replayed(repo, tree, pending["message"], tuple(pending["author"]), plan)
     state["reasons"] = state["reasons"] + [r.as_dict() for r in found]
     state["stop"] = None
     save_state(repo, state)

@@ -222,17 +222,24 @@ class _Job:
 
 
 def _start(
-    python: TestPython, repo: Path, tmp: Path, select: list[str], extra: list[str], stream: bool = False
+    python: TestPython,
+    repo: Path,
+    tmp: Path,
+    select: list[str],
+    extra: list[str],
+    stream: bool = False,
+    env: dict[str, str] | None = None,
 ) -> _Job:
     tmp.mkdir(parents=True, exist_ok=True)
     junit, log = tmp / "junit.xml", tmp / "pytest.log"
     log.touch()
     cmd = _command(python, repo, junit, select, extra)
+    run_env = {**python.env(repo), **(env or {})}
     if stream:  # a person is watching: pytest talks to the terminal
-        proc = subprocess.Popen(cmd, cwd=repo, env=python.env(repo))
+        proc = subprocess.Popen(cmd, cwd=repo, env=run_env)
     else:
         with log.open("wb") as fh:
-            proc = subprocess.Popen(cmd, cwd=repo, env=python.env(repo), stdout=fh, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, cwd=repo, env=run_env, stdout=fh, stderr=subprocess.STDOUT)
     return _Job(repo, proc, junit, log, time.monotonic())
 
 
@@ -254,14 +261,15 @@ def run(
     extra: list[str] | None = None,
     stream: bool = False,
     base: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> TestRun:
     """Run the series' tests (those the series adds on ``base``, or ``select``ed node ids) on
-    ``repo``; never raises on failures."""
+    ``repo``, with ``env`` over the test environment; never raises on failures."""
     select = select or series_test_files(repo, base)
     if not select:
         return TestRun(repo, absent=True)
     with tempfile.TemporaryDirectory(prefix="bf16k-tests-") as tmp:
-        return _finish(_start(python, repo, Path(tmp), select, extra or [], stream))
+        return _finish(_start(python, repo, Path(tmp), select, extra or [], stream, env))
 
 
 def run_many(python: TestPython, repos: list[Path]) -> list[TestRun]:

@@ -517,13 +517,13 @@ def format_guide(root: Path) -> str:
     lengths = " / ".join(f"{n / 1000:.1f}K" if n < 100000 else f"{n / 1000:.0f}K" for n in TIER2_LENGTHS)
     cost_lengths = " / ".join(f"{n // 1024}K" if n < 1 << 20 else f"{n >> 20}M" for n in GUIDE_COST_LENGTHS)
     out = [
-        f"Sources: `{rel_recall}` (tier 2, CPU emulation of each format's rounding; top-512 overlap at "
-        f"{lengths} tokens) and `{rel_cost}` ({GUIDE_MODEL}; KV-pool tokens from upstream's configurator "
-        f"with the SWA pool by ratio / by cap; decode KV bytes and TTFT at {cost_lengths} tokens, TTFT "
-        "estimated from the H200 bench's kernel ratios).",
+        (f"Sources: `{rel_recall}` (tier 2, CPU emulation of each format's rounding; top-512 overlap at "
+         f"{lengths} tokens) and `{rel_cost}` ({GUIDE_MODEL}; KV-pool tokens from upstream's configurator "
+         f"with the SWA pool by ratio / by cap; decode KV bytes and TTFT at {cost_lengths} tokens, TTFT "
+         "estimated from the H200 bench's kernel ratios)."),
         "",
-        "| format | stored per key | vs exact math | vs exact keys, upstream's fp8 q | vs DeepSeek's reference "
-        "selection | KV-pool tokens vs fp8 | decode KV bytes vs fp8 | TTFT vs fp8 (est.) |",
+        ("| format | stored per key | vs exact math | vs exact keys, upstream's fp8 q | vs DeepSeek's reference "
+         "selection | KV-pool tokens vs fp8 | decode KV bytes vs fp8 | TTFT vs fp8 (est.) |"),
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for fmt, label, stored in GUIDE_FORMATS:
@@ -536,9 +536,9 @@ def format_guide(root: Path) -> str:
         )
     out += [
         "",
-        f"DeepSeek's reference selection itself (fp4 q and keys in a bf16 container) against exact math: "
-        f"{overlap('bf16', 'ref_recall_tie_unq')}. bf16 keys with a bf16 q (the `bf16q` arm) against exact math: "
-        f"{overlap('bf16q', 'recall_tie_unq')}, so what bf16 keys leave is upstream's fp8 q.",
+        (f"DeepSeek's reference selection itself (fp4 q and keys in a bf16 container) against exact math: "
+         f"{overlap('bf16', 'ref_recall_tie_unq')}. bf16 keys with a bf16 q (the `bf16q` arm) against exact math: "
+         f"{overlap('bf16q', 'recall_tie_unq')}, so what bf16 keys leave is upstream's fp8 q."),
     ]
     return "\n".join(out) + "\n"
 
