@@ -389,18 +389,20 @@ class PRState:
 
 def check_release(
     t: Target, prmap: prs.PRMap, patch_dirs: dict[str, Path], label: str, python: seriestests.TestPython | None,
-    states: dict[str, PRState] | None = None,
+    states: dict[str, PRState] | None = None, up: upstream.Upstream | None = None,
 ) -> prs.ReleaseCheck:
-    """`git am` each PR on its base in a scratch clone of ``t``'s upstream; run its tests (``python``)."""
+    """`git am` each PR on its base in a scratch clone of ``t``'s upstream (``up``, else the base
+    `apply` recorded); run its tests with ``python``."""
     rc = prs.ReleaseCheck(label, checked=True)
     try:
-        with prs.base_clone(t) as (scratch, up):
+        with prs.base_clone(t, up) as (scratch, base):
             ci = upstreamlint.load_ci_register(scratch) if (scratch / upstreamlint.CI_REGISTER).is_file() else None
-            base_note = f"`{up.base[:12]}` ({up.source})"
+            base_note = f"`{base.base[:12]}` ({base.source})"
 
             def on_applied(pr: prs.PR, check: prs.PRCheck) -> None:
                 below = prmap.prs[: prmap.prs.index(pr)]
                 check.base = base_note + "".join(f" + ({p.id})" for p in below)
+                check.below = [p.id for p in below]
                 check.tests = prs.pr_test_files(t.series_dir, pr)
                 if states is not None:
                     states[pr.id] = PRState(read_tests(scratch, t.series_dir, pr, ci),
@@ -593,9 +595,11 @@ def accuracy(ctx: Context, pr: prs.PR) -> list[str]:
     for rc in ctx.releases:
         check = next((c for c in rc.prs if c.pr == pr.id), None)
         if rc.checked and check is not None and check.run is not None:
-            out += [(f"On SGLang {rc.label} with the PRs below it (base {check.base}): `git am` applies; its tests "
-                    "on a CPU machine (Triton kernels under Triton's interpreter, CUDA-only tests skipped): "
-                    f"{check.run.summary()}."), ""]  # fmt: skip
+            version = rc.label.split(" ", 1)[0]
+            on = f"SGLang {version}" + ("".join(f" + PR ({i})" for i in check.below))
+            verdict = "pass" if check.run.ok else "do NOT all pass"
+            out += [(f"Applied with `git am` on {on}, the tests above {verdict} on a CPU machine (Triton kernels under "
+                     f"Triton's interpreter, CUDA-only tests skipped): {check.run.summary()}."), ""]  # fmt: skip
     kinds = [k for k in pr.evidence if k in ("store-parity", "read-parity", "forward", "recall")]
     for k in kinds:
         out += [ctx.evidence[k].rstrip(), ""]
@@ -739,6 +743,13 @@ def generate(t: Target, chosen: str, out_dir: Path | None = None, *, check: bool
 
     ``check``: also run each PR's tests on its base, on the pin and on the newest carried release.
     """
+    return generate_checked(t, chosen, out_dir, check=check)[0]
+
+
+def generate_checked(
+    t: Target, chosen: str, out_dir: Path | None = None, *, check: bool = False
+) -> tuple[Path, list[prs.ReleaseCheck]]:
+    """:func:`generate`, also returning what the git am (and test) check found per release."""
     pin = t.load_pin()
     prmap = prs.load(t)
     problems = series.hygiene(t.series_dir)
@@ -754,7 +765,11 @@ def generate(t: Target, chosen: str, out_dir: Path | None = None, *, check: bool
     patch_dirs = write_pr_patches(t.series_dir, prmap, out / "patches")
     python = seriestests.find_python(t.root) if check else None
     states: dict[str, PRState] = {}
-    releases = [check_release(t, prmap, patch_dirs, _release_label(t), python, states)]
+    # Without --check the drafted release's tree is used as it is (the cover says when it is not set
+    # up); with it, every checked release's tree is built first and a PR's tests run on its base.
+    up, why = _obtain(t) if check else (None, "")
+    releases = [check_release(t, prmap, patch_dirs, _release_label(t), python, states, up) if not why
+                else prs.ReleaseCheck(_release_label(t), False, [why])]  # fmt: skip
     if check:
         releases += other_releases(t, python)
     evidence = previdence.render(t.root, _evidence_kinds(prmap))
@@ -768,16 +783,24 @@ def generate(t: Target, chosen: str, out_dir: Path | None = None, *, check: bool
                             + "\n  ".join(refs[:10]))  # fmt: skip
     for name, text in texts.items():
         (out / name).write_text(text)
-    return out
+    return out, releases
+
+
+def _obtain(t: Target) -> tuple[upstream.Upstream | None, str]:
+    """Build (or find) ``t``'s upstream tree at its base: (it, "") or (None, why not)."""
+    try:
+        return upstream.obtain(t, quiet=True), ""
+    except ToolError as exc:
+        return None, "its upstream tree could not be built: " + str(exc).splitlines()[0].replace(f"{t.root}/", "")
 
 
 def other_releases(drafted: Target, python: seriestests.TestPython | None) -> list[prs.ReleaseCheck]:
-    """The check on the pin and the newest carried release, whichever of them was not drafted."""
+    """The check on the pin and on the newest carried release, whichever of them was not drafted."""
     root = drafted.root
     wanted = [Target(root, None)] + [project.target(root, v) for v in carried_versions(root)[:1]]
     out = []
-    for t in wanted:
-        if t == drafted or (t.version is None and not drafted.carried):
+    for t in dict.fromkeys(wanted):
+        if t == drafted:
             continue
         label = _release_label(t)
         prmap, problems = prs.fits(t)
@@ -786,15 +809,13 @@ def other_releases(drafted: Target, python: seriestests.TestPython | None) -> li
                                                        + (f"; {len(problems) - 1} more" if len(problems) > 1 else "")
                                                        + "): re-carry it first"]))  # fmt: skip
             continue
-        try:
-            upstream.obtain(t, quiet=True)
-        except ToolError as exc:
-            why = str(exc).splitlines()[0].replace(f"{root}/", "")
-            out.append(prs.ReleaseCheck(label, False, [f"its upstream tree could not be built: {why}"]))
+        up, why = _obtain(t)
+        if why:
+            out.append(prs.ReleaseCheck(label, False, [why]))
             continue
         with tempfile.TemporaryDirectory(prefix="bf16k-prs-") as tmp:
             dirs = write_pr_patches(t.series_dir, prmap, Path(tmp))
-            out.append(check_release(t, prmap, dirs, label, python))
+            out.append(check_release(t, prmap, dirs, label, python, up=up))
     return out
 
 
@@ -901,17 +922,30 @@ def cmd_pr_drafts(ns: argparse.Namespace) -> int:
             print(f"{name}: Forwarded: {urls[name]}")
         if not changed:
             print("Forwarded: already up to date")
-    out = generate(t, chosen, ns.out, check=ns.check)
+    out, releases = generate_checked(t, chosen, ns.out, check=ns.check)
     shown = out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out
     n = len(prs.load(t).prs)
     print(f"pr-drafts: {n} PR draft(s) + cover for {chosen} in {shown}")
     if ns.check:
-        cover = (out / COVER).read_text()
-        failed = "FAILS:" in cover or re.search(r"\| \d+ failed", cover) or "could not be collected" in cover
-        print("pr-drafts --check: " + ("a PR does not apply or its tests fail (see the cover)" if failed
-                                       else "every checked PR applies on its base and its tests pass"))
-        return 1 if failed else 0
+        code, lines = check_verdict(releases)
+        for line in lines:
+            print(f"pr-drafts --check: {line}")
+        return code
     return 0
+
+
+def check_verdict(releases: list[prs.ReleaseCheck]) -> tuple[int, list[str]]:
+    """(exit status, lines) of `--check`: 1 unless every PR applied and passed on every release."""
+    lines = [f"{rc.label}: not checked: {'; '.join(rc.why_not)}" for rc in releases if not rc.checked]
+    bad = [f"{rc.label} PR ({c.pr})" for rc in releases for c in rc.prs if not c.ok]
+    untried = [f"{rc.label} PR ({c.pr})" for rc in releases if rc.checked for c in rc.prs if c.run is None and c.applies]
+    if bad:
+        lines.append(f"does not apply or its tests fail: {', '.join(bad)} (see the cover)")
+    if untried:
+        lines.append(f"applied but not tested: {', '.join(untried)}")
+    if bad or untried or any(not rc.checked for rc in releases):
+        return 1, lines
+    return 0, [f"every PR applies on its base and its tests pass, on {', '.join(rc.label for rc in releases)}"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

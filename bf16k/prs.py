@@ -234,6 +234,7 @@ class PRCheck:
     pr: str
     applies: bool = False
     base: str = ""  # the base it applied on (upstream commit + earlier PRs)
+    below: list[str] = field(default_factory=list)  # the ids of the PRs under it
     detail: str = ""  # why it does not apply
     tests: list[str] = field(default_factory=list)  # the PR's own test files (added or changed)
     run: seriestests.TestRun | None = None
@@ -271,17 +272,19 @@ def pr_test_files(series_dir: Path, pr: PR) -> list[str]:
 
 
 @contextmanager
-def base_clone(t: Target) -> Iterator[tuple[Path, upstream.Upstream]]:
-    """A scratch clone of ``t``'s upstream tree at its base (the release without the series)."""
-    repo = t.upstream_dir
-    apply_cmd = "nox -s apply" + (f" -- --upstream {t.version}" if t.carried else "")
-    if not gitutil.is_repo(repo):
-        raise ToolError(f"{repo} is not set up: run `{apply_cmd}` first")
-    base = gitutil.git(["rev-parse", "--verify", "-q", upstream.BASE_REF], repo, check=False)
-    if base.returncode != 0:
-        raise ToolError(f"{repo} has no recorded base: run `{apply_cmd}` first")
-    state = upstream.read_state(repo)
-    up = upstream.Upstream(repo, base.stdout.decode().strip(), state.get("source", "?"), "")
+def base_clone(t: Target, up: upstream.Upstream | None = None) -> Iterator[tuple[Path, upstream.Upstream]]:
+    """A scratch clone of ``t``'s upstream tree at its base (the release without the series):
+    ``up`` (what :func:`upstream.obtain` gave), else the base `apply` recorded."""
+    if up is None:
+        repo = t.upstream_dir
+        apply_cmd = "nox -s apply" + (f" -- --upstream {t.version}" if t.carried else "")
+        if not gitutil.is_repo(repo):
+            raise ToolError(f"{repo} is not set up: run `{apply_cmd}` first")
+        base = gitutil.git(["rev-parse", "--verify", "-q", upstream.BASE_REF], repo, check=False)
+        if base.returncode != 0:
+            raise ToolError(f"{repo} has no recorded base: run `{apply_cmd}` first")
+        state = upstream.read_state(repo)
+        up = upstream.Upstream(repo, base.stdout.decode().strip(), state.get("source", "?"), "")
     with patches.scratch_clone(up) as scratch:
         yield scratch, up
 

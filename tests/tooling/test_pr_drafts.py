@@ -294,7 +294,24 @@ def test_check_runs_each_prs_own_tests_on_its_base(three: Product, tmp_path: Pat
     assert re.search(r"\| 0\.5\.21 \(pin\) \| \(a\) \| applies on [^|]+\| no test files of its own \|", cover)
     assert re.search(r"\| 0\.5\.21 \(pin\) \| \(b\) \| applies on [^|]+\+ \(a\) \| 1 passed, 0 skipped in \d+ s \|", cover)
     b = (out / "pr-b.md").read_text()
-    assert "`git am` applies; its tests on a CPU machine" in b and "1 passed, 0 skipped" in b
+    assert "Applied with `git am` on SGLang 0.5.21 + PR (a), the tests above pass on a CPU machine" in b
+    assert "1 passed, 0 skipped" in b
+
+
+def test_check_verdict_fails_on_any_pr_or_release_not_shown_good() -> None:
+    from bf16k.seriestests import Failure, TestRun
+
+    good = TestRun(Path("."), passed=3)
+    failing = TestRun(Path("."), passed=2, failures=[Failure("t.py::x", "boom")])
+    ok = prs.ReleaseCheck("0.5.21 (pin)", True, prs=[prs.PRCheck("a", True, run=good),
+                                                    prs.PRCheck("b", True, run=TestRun(Path("."), absent=True))])
+    assert prdrafts.check_verdict([ok]) == (0, ["every PR applies on its base and its tests pass, on 0.5.21 (pin)"])
+    stale = prs.ReleaseCheck("0.5.23 (carried)", False, ["its series does not fit the PR map (x): re-carry it first"])
+    code, lines = prdrafts.check_verdict([ok, stale])
+    assert code == 1 and lines == ["0.5.23 (carried): not checked: its series does not fit the PR map (x): re-carry it first"]
+    broken = prs.ReleaseCheck("0.5.21 (pin)", True, prs=[prs.PRCheck("a", True, run=failing), prs.PRCheck("b", False)])
+    code, lines = prdrafts.check_verdict([broken])
+    assert code == 1 and "does not apply or its tests fail: 0.5.21 (pin) PR (a), 0.5.21 (pin) PR (b)" in lines[0]
 
 
 def test_a_carried_series_is_drafted_only_when_it_fits_the_map(three: Product) -> None:
