@@ -715,8 +715,8 @@ def render_cover(ctx: Context) -> str:
             out.append(f"| {rc.label} | all | not checked: {'; '.join(rc.why_not)} | |")
             continue
         for c in rc.prs:
-            tests = ("not run (`--check` runs them)" if c.run is None
-                     else "no test files of its own" if c.run.absent else c.run.summary())
+            tests = ("not run: it does not apply" if not c.applies else "not run (`--check` runs them)"
+                     if c.run is None else "no test files of its own" if c.run.absent else c.run.summary())
             out.append(f"| {rc.label} | ({c.pr}) | {'applies on ' + c.base if c.applies else 'FAILS: ' + c.detail} | {tests} |")
         for pr in ctx.prmap.prs[len(rc.prs):]:
             out.append(f"| {rc.label} | ({pr.id}) | not tried (an earlier PR did not apply) | |")

@@ -305,15 +305,16 @@ def am_prs(
         check = PRCheck(pr.id)
         results.append(check)
         files = sorted(p.name for p in patch_dirs[pr.id].glob("*.patch"))
-        data = b"".join(
-            (patch_dirs[pr.id] / f).read_bytes() if (patch_dirs[pr.id] / f).read_bytes().endswith(b"\n")
-            else (patch_dirs[pr.id] / f).read_bytes() + b"\n"
-            for f in files
-        )  # fmt: skip
-        proc = gitutil.git(["am", "-3", "--keep-non-patch", "--quiet"], scratch, check=False, input_bytes=data)
+        data = patches.mbox(patch_dirs[pr.id], files)
+        proc = gitutil.git(["am", "-3", "--keep-non-patch"], scratch, check=False, input_bytes=data)
         if proc.returncode != 0:
             text = (proc.stdout + proc.stderr).decode(errors="replace").strip().splitlines()
-            check.detail = "; ".join(text[:3]) or f"git am exit {proc.returncode}"
+            # Which commit stopped and where: git's conflict lines, not its how-to-continue advice.
+            where = [line.strip() for line in text
+                     if re.search(r"^(Patch failed at|error: |CONFLICT)", line.strip())]
+            conflicted = gitutil.out(["diff", "--name-only", "--diff-filter=U"], scratch).split()
+            check.detail = "; ".join(dict.fromkeys(where + [f"conflicts in {f}" for f in conflicted])) or (
+                "; ".join(text[:2]) or f"git am exit {proc.returncode}")
             patches.abort_am(scratch)
             break
         check.applies = True

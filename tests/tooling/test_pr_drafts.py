@@ -298,6 +298,17 @@ def test_check_runs_each_prs_own_tests_on_its_base(three: Product, tmp_path: Pat
     assert "1 passed, 0 skipped" in b
 
 
+def test_a_pr_that_does_not_apply_on_its_base_is_reported(three: Product, tmp_path: Path) -> None:
+    prmap = prs.load(three.target)
+    dirs = prdrafts.write_pr_patches(three.target.series_dir, prmap, tmp_path / "patches")
+    first = next(dirs["a"].glob("*.patch"))
+    first.write_bytes(first.read_bytes().replace(b"\n FP8_DTYPE = ", b"\n FP8_DTYPE_RENAMED = ", 1))
+    rc = prdrafts.check_release(three.target, prmap, dirs, "0.5.21 (pin)", None)
+    assert rc.checked and [c.pr for c in rc.prs] == ["a"] and not rc.prs[0].applies  # (b) has no base
+    assert "Patch failed at 0001 [DSV4] Indexer: add a marker line" in rc.prs[0].detail
+    assert prdrafts.check_verdict([rc])[0] == 1
+
+
 def test_check_verdict_fails_on_any_pr_or_release_not_shown_good() -> None:
     from bf16k.seriestests import Failure, TestRun
 
@@ -409,6 +420,31 @@ def test_evidence_is_the_committed_artifacts_through_their_renderers() -> None:
     # Missing artifacts are said to be missing, never filled in.
     empty = previdence.render(Path("/nonexistent"), ["store-parity", "read-bench", "recall", "cost"])
     assert all(previdence.NOT_MEASURED in v for v in empty.values())
+
+
+def test_blocks_needing_torch_are_rendered_by_a_python_that_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nox runs pr_drafts in its own interpreter (no torch): the forward and cost blocks are then
+    rendered in a subprocess by the test environment's Python. Here with a block that needs no torch,
+    so the subprocess stays cheap."""
+    import importlib.util
+    import sys
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(previdence, "NEEDS_TORCH", ("store-parity",))
+    monkeypatch.setattr(previdence.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setenv("BF16K_TEST_PYTHON", sys.executable)
+    calls: list[list[str]] = []
+    run = previdence.subprocess.run
+
+    def spy(cmd: list[str], **kw: object) -> object:
+        calls.append(cmd)
+        return run(cmd, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(previdence.subprocess, "run", spy)
+    out = previdence.render(REPO_ROOT, ["store-parity", "fp8-precision"])
+    assert [c[1:3] for c in calls if "bf16k.previdence" in c] == [["-m", "bf16k.previdence"]]
+    assert out["store-parity"] == previdence.parity_block(REPO_ROOT, "store")
+    assert out["fp8-precision"] == previdence.fp8_precision(REPO_ROOT)
 
 
 def test_real_series_drafts(tmp_path: Path) -> None:
