@@ -526,6 +526,17 @@ def motivation(ctx: Context, pr: prs.PR) -> list[str]:
     return out
 
 
+# A commit paragraph telling the field report is the set's motivation, which the draft states once.
+_FIELD_REPORT = re.compile(r"~?4\.5K tokens")
+
+
+def _is_motivation(pr: prs.PR, commit: int, index: int, paragraph: str) -> bool:
+    """Whether a commit paragraph is the draft's Motivation (so not repeated under Modifications)."""
+    if pr.motivation == "patch":
+        return commit == 0 and index == 0
+    return bool(_FIELD_REPORT.search(paragraph))
+
+
 def modifications(ctx: Context, pr: prs.PR) -> list[str]:
     out: list[str] = []
     for note in pr.notes:
@@ -533,8 +544,7 @@ def modifications(ctx: Context, pr: prs.PR) -> list[str]:
     for i, name in enumerate(pr.patches):
         p = ctx.patches[name]
         paras = paragraphs(p.info)
-        # The PR's first commit opens with the why the Motivation above states for the whole PR.
-        kept = [x for j, x in enumerate(paras) if not _is_testing(x) and not (i == 0 and j == 0)]
+        kept = [x for j, x in enumerate(paras) if not _is_testing(x) and not _is_motivation(pr, i, j, x)]
         out += [f"**{p.info.subject}**", ""]
         for x in kept:
             out += [x, ""]

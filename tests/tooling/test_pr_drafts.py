@@ -473,6 +473,7 @@ def test_real_series_drafts(tmp_path: Path) -> None:
         assert "22,597 tokens" in motivation and "https://github.com/vllm-project/vllm/issues/55927" in motivation
         assert all(url in motivation for _, url in prdrafts.PUBLIC_COLLAPSES)
         assert "KV-pool tokens" in motivation and f"- [x] {prdrafts.CHECK_BENCH}" in text
+        assert text.count("4.5K tokens") == 1  # one motivation: the first commit's field story is not repeated
     assert "**Kernel parity, store**" in b and "**Kernel parity, read**" not in b and "**Indexer recall**" not in b
     assert "**Kernel parity, read**" in c and "**Indexer forward**" in c and "**Indexer recall**" in c
     assert "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR" in b.split("## Accuracy Tests")[0]
