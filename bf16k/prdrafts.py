@@ -448,8 +448,8 @@ def newest_target(root: Path) -> tuple[Target, str]:
         if prmap is not None:
             why = f"sglang {version}, the newest release the series is carried to (the pin is {pinned.version})"
             return t, why + ("; not the newer " + ", ".join(skipped) + ": it needs re-carrying first" if skipped else "")
-        skipped.append(f"{version} (its carried series does not fit the PR map: {problems[0]}"
-                       + (f"; {len(problems) - 1} more" if len(problems) > 1 else "") + ")")
+        skipped.append(f"{version} (its carried series does not fit the PR map, {len(problems)} problem(s), "
+                       f"first: {problems[0]})")
     why = f"sglang {pinned.version}, the pin"
     if skipped:
         why += "; not the newer carried release " + ", ".join(skipped) + ": it needs re-carrying first"

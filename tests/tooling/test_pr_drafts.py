@@ -342,7 +342,7 @@ def test_a_carried_series_is_drafted_only_when_it_fits_the_map(three: Product) -
             pinmod.save(pin, d / "pin.toml")
         t, chosen = prdrafts.newest_target(p.root)
         assert t == Target(p.root, "0.5.23")
-        assert "0.5.24 (its carried series does not fit the PR map: probe-local-tweak.patch" in chosen
+        assert "0.5.24 (its carried series does not fit the PR map, 1 problem(s), first: probe-local-tweak.patch" in chosen
         out = prdrafts.generate(t, chosen)
         cover = (out / "00-cover.md").read_text()
         assert out.name == "0.5.23" and "the newest release the series is carried to" in cover
