@@ -78,10 +78,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, tags=["ci"], default=False)
 def lint(session: nox.Session) -> None:
-    """ruff over the product's Python, mypy --strict over the bf16k package (pinned tool versions)."""
+    """ruff, mypy --strict over bf16k; the applied series against upstream's format, production-code and CI-registration rules."""
     session.install("ruff==0.17.6", "mypy==2.4.1")
     session.run("ruff", "check", ".")
     session.run("mypy")  # packages and strictness from pyproject's [tool.mypy]
+    session.run("python", "-m", "bf16k.upstreamlint", *session.posargs)  # bf16k.upstreamlint says what
 
 
 @nox.session(python=False, tags=["verify"], default=False)

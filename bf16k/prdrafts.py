@@ -1,145 +1,206 @@
-"""`pr-drafts`: one upstream pull-request draft per patch, a cover for the set, and `git am`-ready patches.
+"""`pr-drafts`: the upstream PR set the series becomes, one draft per PR, a cover, `git am`-ready patches.
 
-Drafts are written for the newest upstream release the series is carried to (the newest
-`series/next/<version>/` newer than the pin, else the pinned `series/`), because that is what an
-upstream reviewer can apply. Each draft follows the section headings and checklist of SGLang's
-pull-request template; its content comes only from the patch (header paragraph, trailers,
-diffstat, its own test files), the field report this project exists for, and the verification and
-bench results committed under `verify/results/`. A number that is not in one of those is never
-written: a missing result is reported as "not yet measured".
+The PR map (``series/prs.toml``, :mod:`bf16k.prs`) says which patches make which PR and which stay
+local. ``build/pr-drafts/<version>/`` gets:
 
-`--pr-url PATCH=URL` records an opened PR: the patch commit's `Forwarded:` trailer (and
-`Last-Update:`, which DEP-3 ties to the header) is rewritten in the target's upstream tree and
-`series/` is re-exported, so `check`'s round trip keeps passing.
+- ``00-cover.md``: the map (PR -> patches, in order, on which base), the local-only patches and
+  why, and the ``git am`` check of each PR on its own base;
+- ``pr-<id>.md``: one draft per PR in the section order of SGLang's pull-request template, with
+  one motivation, the PR's own evidence only (rendered from the committed results by
+  :mod:`bf16k.previdence`), its diffstat, the tests its patches add with their CI registration
+  (read by upstream's own parser), the server-argument docs row it needs, the checklist ticked
+  only for what exists, and what only real hardware and the real model can still show, with the
+  commands that produce it;
+- ``patches/<id>/NNNN-*.patch``: each PR's commits for ``git am --keep-non-patch``.
+
+Drafts are written for the newest release the series is carried to when that series fits the map,
+else for the pin (the cover says which and why). No draft names a local path or this
+repository's harness: :func:`write` refuses one that does.
+
+``--check`` also applies each PR on its base in a scratch clone and runs the PR's own tests
+there, on the pin and on the newest carried release. ``--pr-url ID=URL`` (a PR) or
+``--pr-url PATCH=URL`` (one patch) records an opened PR in the patches' ``Forwarded:`` lines.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
+import ast
 import re
 import shutil
+import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from email.header import Header
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
-from bf16k import gitutil, patches, project, series, upstream
+from bf16k import gitutil, patches, previdence, project, prs, series, seriestests, upstream, upstreamlint
 from bf16k import pin as pinmod
 from bf16k.errors import ToolError
 from bf16k.project import Target
 from bf16k.wheel import applied_tree
 
 OUT_SUBDIR = "pr-drafts"
-RESULTS_DIR = "verify/results"
-
-# SGLang's .github/pull_request_template.md (2026 revision): its section headings and the titles
-# of its checklist items, in order. Only these are mirrored; the words under them are ours.
-HEADINGS = (
-    "Motivation",
-    "Modifications",
-    "Accuracy Tests",
-    "Speed Tests and Profiling",
-    "Checklist",
-    "Review and Merge Process",
-)
-CHECK_FORMAT = "Format code with pre-commit"
-CHECK_TESTS = "Add unit tests"
-CHECK_DOCS = "Update documentation"
-CHECK_BENCH = "Provide accuracy and speed benchmark results"
-CHECK_STYLE = "Follow the SGLang code style guidance"
-
-# Upstream's PR titles read "[DeepSeek-V4] Enable ...": the series' short tags map onto that.
-TAG_MAP = {"DSV4": "DeepSeek-V4", "DEEPSEEK-V4": "DeepSeek-V4", "DSV4.1": "DeepSeek-V4.1"}
-DEFAULT_TAG = "DeepSeek-V4"
+COVER = "00-cover.md"
 # Trailers that only mean something inside this series; the upstream commit does not carry them.
 SERIES_ONLY_TRAILERS = ("Forwarded", "Last-Update", "Applied-Upstream", "Patch-Filename", "Origin")
-MAX_ROWS = 25
-MAX_COLS = 10
-MAX_CELL = 120
-MAX_RESULT_BYTES = 5 << 20  # larger files are raw data (per-request logs), not summaries
 
-# The field report the series answers (DESIGN.md, "The problem it solves"), and what this
-# repository's own measurements say about it. The deployment's numbers are that deployment's;
-# every number of ours a draft shows comes from verify/results/ (the evidence blocks).
-FIELD_REPORT = (
-    "DeepSeek-V4's sparse attention relies on a small *indexer* in every ratio-4 (C4) layer: it "
-    "keeps one 128-dim key per 4 tokens, scores every cached key against the current query and "
-    "hands the top-k (512 on V4-Flash, 1024 on V4-Pro) to the attention kernel. A token whose key "
-    "is not selected cannot be attended to at all. SGLang stores these index keys as fp8 e4m3 with "
-    "one fp32 scale per key (132 B per key); DeepSeek's reference implementation stores them in "
-    "bf16 (256 B per key).\n\n"
-    "On a production DeepSeek-V4-Flash deployment on SGLang (Blackwell sm_120, RTX PRO 6000 class, "
-    "prefill-decode disaggregated), needle recall failed beyond ~4.5K tokens of context: a needle at "
-    "position 4,500 of a 5,200-token prompt was lost while the same needle at position 5 was found, "
-    "and short prompts and GSM8K-style checks passed. Raising `index_topk` from 512 to 1024 only moved "
-    "the edge to ~5K tokens. Storing the index keys in bf16 restored recall at every tested length "
-    "from 338 to 22,597 tokens (needle at the start, middle and end), as well as multi-turn tool-call "
-    "continuation, multi-turn secret recall and structured config recall at ~8K and ~12K tokens, "
-    "with no OOM at 22K tokens.\n\n"
-    "What that does and does not show: {precision}, which cannot by itself lose every needle past "
-    "4.5K tokens. The collapse more likely came from a fault on the fp8 path sm_120 runs (upstream sends it to a "
-    "TileLang scorer and top-k v1, without row chunking), which bf16 keys bypass; that path was checked "
-    "component by component on Hopper, sm_120's code included where it can run there, and what only "
-    "sm_120 hardware can settle is stated with the evidence. Independently of that fault, bf16 keys "
-    "are what the model's reference reads and keep more of the top-k. SGLang has no bf16 index-key "
-    "option today."
+# SGLang's .github/pull_request_template.md (2026): its sections and checklist, in order. The
+# drafts add one section of their own ("Evidence this PR still needs") before the checklist.
+HEADINGS = ("Motivation", "Modifications", "Accuracy Tests", "Speed Tests and Profiling", "Checklist",
+            "Review and Merge Process")  # fmt: skip
+STILL_NEEDS = "Evidence this PR still needs"
+_GUIDE = "https://docs.sglang.io/developer_guide/contribution_guide.html"
+CHECK_FORMAT = f"Format your code according to the [Format code with pre-commit]({_GUIDE}#format-code-with-pre-commit)."
+CHECK_TESTS = f"Add unit tests according to the [Run and add unit tests]({_GUIDE}#run-and-add-unit-tests)."
+CHECK_DOCS = f"Update documentation according to [Write documentations]({_GUIDE}#write-documentations)."
+CHECK_BENCH = (f"Provide accuracy and speed benchmark results according to [Test the accuracy]({_GUIDE}#test-the-accuracy) "
+               f"and [Benchmark the speed]({_GUIDE}#benchmark-the-speed).")  # fmt: skip
+CHECK_STYLE = f"Follow the SGLang code style [guidance]({_GUIDE}#code-style-guidance)."
+REVIEW = (
+    ("1. Ping Merge Oncalls to start the process. See the [PR Merge Process]"
+    "(https://github.com/sgl-project/sglang/blob/main/.github/MAINTAINER.md#pull-request-merge-process)."),
+    ("2. Get approvals from [CODEOWNERS](https://github.com/sgl-project/sglang/blob/main/.github/CODEOWNERS) "
+    "and other reviewers."),
+    f"3. Trigger CI tests with [comments]({_GUIDE}#how-to-trigger-ci-tests) or contact authorized users to do so.",
+    "4. After green CI and required approvals, ask Merge Oncalls to merge.",
 )
-SERIES_CONTEXT = (
-    "Part of the bf16 index-key series for DeepSeek-V4 (see the cover): on a PD-disaggregated sm_120 "
-    "deployment with fp8 index keys (132 B per key) needle recall collapsed beyond ~4.5K tokens, and "
-    "bf16 index keys (256 B per key, as in DeepSeek's reference) restored it at every tested length up "
-    "to 22,597 tokens; fp8's precision alone does not explain that collapse (see the cover)."
+
+# --------------------------------------------------------------------------- the set's motivation
+
+PUBLIC_COLLAPSES = (
+    ("vLLM #50455", "https://github.com/vllm-project/vllm/issues/50455"),
+    ("vLLM #52109", "https://github.com/vllm-project/vllm/issues/52109"),
+    ("vLLM #50576", "https://github.com/vllm-project/vllm/issues/50576"),
+    ("ATOM #1507", "https://github.com/ROCm/ATOM/issues/1507"),
+    ("mlx-lm #1189", "https://github.com/ml-explore/mlx-lm/issues/1189"),
 )
-RECALL_ARTIFACT = f"{RESULTS_DIR}/h200/recall/results.json"
+OPEN_ON_SM120 = ("vLLM #55927", "https://github.com/vllm-project/vllm/issues/55927")
 
 
-def precision_sentence(root: Path) -> str:
-    """fp8's own recall loss, from the committed tier-2 run (never typed in by hand)."""
-    path = root / RECALL_ARTIFACT
-    try:
-        res = json.loads(path.read_text())
-        losses = [float(e["loss"]) for e in res["per_length"]
-                  if e["arm"] == "fp8" and int(e["topk"]) == 512 and int(e["n_keys_max"]) > 512]
-    except (OSError, ValueError, KeyError):
-        return "fp8's own precision loss is not yet measured (no tier-2 result committed)"
-    if not losses:
-        return "fp8's own precision loss is not yet measured (no tier-2 length where the indexer must choose)"
-    return (f"on this repository's tier-2 recall run fp8's own precision costs {100 * min(losses):.2f}-"
-            f"{100 * max(losses):.2f}% of the top-512 (`{RECALL_ARTIFACT}`)")
+def _link(item: tuple[str, str]) -> str:
+    return f"[{item[0]}]({item[1]})"
 
 
-def field_report(root: Path) -> str:
-    return FIELD_REPORT.format(precision=precision_sentence(root))
+def bf16_motivation(precision: str) -> str:
+    """The set's one motivation (``precision``: fp8's own measured loss, from the recall artifact)."""
+    collapses = ", ".join(_link(c) for c in PUBLIC_COLLAPSES)
+    return (
+        "DeepSeek-V4's ratio-4 (C4) attention layers use a lightning indexer: it keeps one 128-dim key per 4 "
+        "tokens, scores every cached key against the query and hands the top-k (512 on V4-Flash, 1024 on "
+        "V4-Pro) to sparse attention. A token whose key misses the top-k cannot be attended to at all. SGLang "
+        "stores these keys as fp8 e4m3 with one fp32 scale (132 B a key) or, opt-in, fp4 (68 B).\n\n"
+        "DeepSeek's reference inference code rounds the indexer's q and keys to fp4 (quantize-dequantize, as "
+        "the model was trained: QAT) and keeps them in a bf16 buffer. So bf16 is the reference's container, "
+        "not its precision, and fp8 keys are already finer than what the reference computes with; this PR "
+        "set does not claim bf16 matches the reference better. What bf16 index keys are is an index-K path "
+        "with no quantization at all: no encoder, no scales, and a scorer of their own.\n\n"
+        "That path sidestepped a recall collapse on a prefill/decode-disaggregated DeepSeek-V4-Flash deployment "
+        "on sm_120 (RTX PRO 6000 class) GPUs: with fp8 index keys, needles beyond ~4.5K tokens of context were "
+        "lost (a needle at position 4,500 of a 5,200-token prompt missed while the same needle at position 5 "
+        "was found; short prompts and GSM8K-style checks passed; `index_topk` 1024 only moved the edge to "
+        "~5K). With bf16 index keys, recall held at every tested length up to 22,597 tokens. fp8's precision "
+        f"alone does not explain that: {precision}. Every public V4 recall collapse traced so far was a fault "
+        f"in one platform's quantized indexer path ({collapses}); {_link(OPEN_ON_SM120)} is open on sm_120. "
+        "A bf16 index-K option gives operators a path around such a fault while it is found, and a "
+        "quantization-free baseline to compare a quantized path with on the same server."
+    )
 
 
-# --------------------------------------------------------------------------- which release
+# --------------------------------------------------------------------------- commands for what is still needed
+
+MODEL = "deepseek-ai/DeepSeek-V4-Flash"
+SERVE = f"python3 -m sglang.launch_server --model-path {MODEL} --trust-remote-code --tp 4"
+FP8_PORT, BF16_PORT = 30000, 30001
+OPTION = "--deepseek-v4-indexer-k-dtype"
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    """Numeric parts of a release version: enough to order 0.5.21 < 0.5.23 < 0.5.23.post1."""
-    return tuple(int(x) for x in re.findall(r"\d+", version))
+def _servers(ab: bool, extra: str = "") -> list[str]:
+    """Launch lines: fp8 (default) and bf16 for an A/B, or the fp8 default before/after the PR."""
+    if ab:
+        return [f"{SERVE}{extra} --port {FP8_PORT}                                 # fp8 (default)",
+                f"{SERVE}{extra} {OPTION} bf16 --port {BF16_PORT}   # bf16"]  # fmt: skip
+    return [f"{SERVE}{extra} --port {FP8_PORT}   # upstream main, then again with this PR applied"]
 
 
-def newest_target(root: Path) -> tuple[Target, str]:
-    """(target, why it was chosen): the newest carried series newer than the pin, else the pin."""
-    pinned = pinmod.load(root / "pin.toml")
-    carried = [
-        d.name
-        for d in (root / "series" / "next").glob("*")
-        if (d / "pin.toml").is_file() and (d / series.SERIES_FILE).is_file()
-        and _version_key(d.name) > _version_key(pinned.version)
-    ]  # fmt: skip
-    if carried:
-        version = max(carried, key=_version_key)
-        return project.target(root, version), (
-            f"the newest carried series (`series/next/{version}/`; the pin is {pinned.version})"
+def needed_runs(need: str, ab: bool) -> tuple[str, list[str]]:
+    """(what the run shows, the exact commands) for one entry of a PR's ``needs``."""
+    ports = (FP8_PORT, BF16_PORT) if ab else (FP8_PORT,)
+    vs = "fp8 vs bf16 index keys" if ab else "upstream main vs this PR (fp8, the default)"
+    if need == "hicache-gsm8k":
+        return (
+            ("HiCache on a real server: GSM8K with `--enable-hierarchical-cache`, run twice so the second pass "
+            "loads prefixes back from host memory, upstream main vs this PR. The fix may not change a score "
+            "(page-aligned transfers never took the fallback); the host pool must log no page-alignment error."),
+            [*_servers(False, " --enable-hierarchical-cache"),
+             f"python3 -m sglang.test.few_shot_gsm8k --num-questions 1319 --parallel 256 --port {FP8_PORT}   # twice"],
+        )  # fmt: skip
+    if need == "gsm8k":
+        return (f"GSM8K, {vs} on V4-Flash (upstream's few-shot harness, all 1,319 questions).",
+                [*_servers(ab)] + [f"python3 -m sglang.test.few_shot_gsm8k --num-questions 1319 --parallel 256 "
+                                   f"--port {p}" for p in ports])  # fmt: skip
+    if need == "gpqa":
+        return (
+            (f"GPQA Diamond, {vs}, with thinking (as #26209 measured the fp4 indexer), with sgl-eval as #29619 "
+            "runs it."),
+            ["pip install sgl-eval", "export SGLANG_DEFAULT_THINKING=1 SGLANG_REASONING_EFFORT=max   # server side",
+             *_servers(ab)]
+            + [f"sgl-eval run gpqa --model {MODEL} --api-key EMPTY --n-repeats 8 --temperature 1.0 --top-p 1.0 "
+               f"--thinking --base-url http://127.0.0.1:{p}/v1 --out-dir gpqa-{p}" for p in ports],
+        )  # fmt: skip
+    if need == "long-context-recall":
+        return (
+            (f"Long-context recall, {vs} on V4-Flash: needle sweeps over length x depth (1K to 64K, through "
+            "4,509, 5,200 and 22,597 tokens, every residue mod 4 and page boundary), RULER-style single, "
+            "multi-key and multi-value needles, multi-turn secret and tool-call recall, ~8K/12K config recall. "
+            "The harness is `verify.live` in the bf16 index-K series' repository (pip extra `[live]`, no "
+            "torch); it A/Bs two servers and checks each one's reported index-K format."),
+            [*_servers(ab), "pip install '.[live]'   # in the series' repository",
+             (f"python -m verify.live --server http://127.0.0.1:{BF16_PORT} --baseline http://127.0.0.1:{FP8_PORT} "
+             "--expect-format bf16 --baseline-expect-format fp8 --out live-v4-flash")],
+        )  # fmt: skip
+    if need == "bench-serving":
+        bench = ("python3 -m sglang.bench_serving --backend sglang --port {p} --dataset-name random "
+                 "--random-input-len $len --random-output-len 512 --random-range-ratio 1 --num-prompts 64 "
+                 "--max-concurrency 8 --output-file bench-{p}-$len.jsonl")  # fmt: skip
+        return (
+            (f"Serving speed, {vs}: TTFT, TPOT and output throughput at 8K, 32K and 128K-token prompts "
+            "(the cost table above predicts the TTFT and decode factors; this measures them end to end)."),
+            [*_servers(ab)] + [f"for len in 8192 32768 131072; do {bench.format(p=p)}; done" for p in ports],
         )
-    return Target(root, None), "the pinned series (`series/`): no newer carried series under `series/next/`"
+    if need == "pool-tokens":
+        info = ("curl -s http://127.0.0.1:{p}/server_info | python3 -c \"import json, sys; "
+                "print([s['max_total_num_tokens'] for s in json.load(sys.stdin)['internal_states']])\"")
+        what = ("`max_total_num_tokens`, fp8 vs bf16, against the configurator's prediction in the cost table "
+                "above (same memory, same flags)" if ab else
+                "`max_total_num_tokens` of the fp8 default, upstream main vs this PR: it must not change "
+                "(bf16's pool can only be measured once the option exists, in the next PR)")
+        return (what + "; the server log prints it at start-up (`max_total_num_tokens=`).",
+                [*_servers(ab)] + [info.format(p=p) for p in ports])
+    if need == "mtp":
+        mtp = " --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+        return (
+            (f"MTP: accept length and throughput with speculative decoding, {vs} (verify rows are scored in "
+            "groups by the bf16 kernel)."),
+            [*_servers(ab, mtp)]
+            + [f"python3 -m sglang.bench_serving --backend sglang --port {p} --dataset-name random --random-input-len "
+               "32768 --random-output-len 512 --num-prompts 64 --max-concurrency 8   # prints 'Accept length'"
+               for p in ports]
+            + [f"curl -s http://127.0.0.1:{p}/server_info | grep -o '\"avg_spec_accept_length\": [0-9.]*'" for p in ports],
+        )  # fmt: skip
+    if need == "sm120":
+        pd = (f"{SERVE} --disaggregation-mode prefill --disaggregation-ib-device $IB --port 30010 {OPTION} bf16",
+              f"{SERVE} --disaggregation-mode decode --disaggregation-ib-device $IB --port 30011 {OPTION} bf16",
+              ("python3 -m sglang_router.launch_router --pd-disaggregation --prefill http://127.0.0.1:30010 "
+              "--decode http://127.0.0.1:30011 --port 30001"))
+        return (
+            ("All of the above again on RTX PRO 6000 (sm_120) GPUs, where the field collapse happened and where "
+            "fp8 runs its own scorer (TileLang) and top-k: GSM8K, GPQA, the long-context recall A/B, "
+            "bench_serving, `max_total_num_tokens` and MTP, with the bf16 server also run prefill/decode "
+            "disaggregated (the failing deployment's shape; fp8 likewise for the baseline)."),
+            ["# the commands above, on sm_120 GPUs; the PD pair for the bf16 side:", *pd],
+        )
+    raise ToolError(f"no commands for needed run {need!r}")
 
 
 # --------------------------------------------------------------------------- patches
@@ -154,51 +215,23 @@ class FileStat:
 
 
 @dataclass
-class Draft:
-    index: int  # 1-based position in the series
-    name: str  # series file name
+class Patch:
+    name: str
     info: series.PatchInfo
-    title: str
-    stats: list[FileStat] = field(default_factory=list)
+    stats: list[FileStat]
 
     @property
     def stem(self) -> str:
         return self.name[: -len(".patch")]
-
-    @property
-    def draft_file(self) -> str:
-        return f"{self.index:02d}-{self.stem}.md"
-
-    @property
-    def patch_file(self) -> str:
-        return f"{self.index:04d}-{self.stem}.patch"
-
-    @property
-    def tests(self) -> list[str]:
-        """The patch's own upstream-style test files (they go into the PR with it)."""
-        return [s.path for s in self.stats if s.status != "deleted" and _is_test(s.path)]
-
-
-def _is_test(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return "/test/" in f"/{path}" and name.startswith("test_") and name.endswith(".py")
-
-
-def upstream_title(subject: str) -> str:
-    """`[DSV4] add a bf16 pool` -> `[DeepSeek-V4] Add a bf16 pool` (upstream's PR title style)."""
-    m = re.match(r"^\[([^\]]*)\]\s*(.*)$", subject.strip())
-    tag, rest = (m.group(1).strip(), m.group(2)) if m else ("", subject.strip())
-    tag = TAG_MAP.get(tag.upper(), tag) or DEFAULT_TAG
-    rest = rest.strip().rstrip(".")
-    return f"[{tag}] {rest[:1].upper()}{rest[1:]}"
 
 
 def diffstat(patch: bytes, cwd: Path) -> list[FileStat]:
     """Per-file added/deleted lines (git's own count) and whether the patch creates or deletes it."""
     _, diff = series.split_message(patch)
     text = gitutil.git(["apply", "--numstat", "-"], cwd, input_bytes=diff).stdout.decode()
-    created = set(re.findall(r"^diff --git a/(\S+) b/\S+\nnew file mode", diff.decode(errors="replace"), re.MULTILINE))
-    removed = set(re.findall(r"^diff --git a/(\S+) b/\S+\ndeleted file mode", diff.decode(errors="replace"), re.MULTILINE))
+    decoded = diff.decode(errors="replace")
+    created = set(re.findall(r"^diff --git a/(\S+) b/\S+\nnew file mode", decoded, re.MULTILINE))
+    removed = set(re.findall(r"^diff --git a/(\S+) b/\S+\ndeleted file mode", decoded, re.MULTILINE))
     stats = []
     for line in text.splitlines():
         added, deleted, path = line.split("\t", 2)
@@ -207,34 +240,10 @@ def diffstat(patch: bytes, cwd: Path) -> list[FileStat]:
     return stats
 
 
-def load_drafts(t: Target) -> list[Draft]:
-    problems = series.hygiene(t.series_dir)
-    if problems:
-        raise ToolError("series hygiene:\n  " + "\n  ".join(problems))
-    drafts = []
-    for i, name in enumerate(series.read_order(t.series_dir), start=1):
-        path = t.series_dir / name
-        info = series.parse_patch(path)
-        drafts.append(Draft(i, name, info, upstream_title(info.subject), diffstat(path.read_bytes(), t.root)))
-    return drafts
-
-
-def upstream_patch(data: bytes, title: str) -> bytes:
-    """The series patch as an upstream commit: upstream-style subject, no series-only trailers."""
+def upstream_patch(data: bytes) -> bytes:
+    """The series patch as an upstream commit: no series-only trailers (the subject is kept)."""
     head, diff = series.split_message(data)
     header, sep, message = head.partition(b"\n\n")
-    lines, skipping = [], False
-    for line in header.split(b"\n"):
-        if line.startswith(b"Subject:"):
-            skipping = True
-            subject = title if title.isascii() else Header(title, "utf-8").encode()
-            lines.append(f"Subject: {subject}".encode())
-        elif skipping and line[:1] in (b" ", b"\t"):
-            continue  # folded continuation of the old subject
-        else:
-            skipping = False
-            lines.append(line)
-    # Only the trailer block (the last paragraph, all `Key: value` lines) loses series-only lines.
     text = message.rstrip(b"\n")
     cut = text.rfind(b"\n\n")
     prose, block = (text[: cut + 2], text[cut + 2 :]) if cut >= 0 else (b"", text)
@@ -245,331 +254,220 @@ def upstream_patch(data: bytes, title: str) -> bytes:
             if not any(line.startswith(f"{t}:".encode()) for t in SERIES_ONLY_TRAILERS)
         ]  # fmt: skip
     body = (prose + b"\n".join(block_lines)).rstrip(b"\n") + b"\n"
-    return b"\n".join(lines) + sep + body + diff
+    return header + sep + body + diff
 
 
-# --------------------------------------------------------------------------- evidence
+def write_pr_patches(series_dir: Path, prmap: prs.PRMap, dest: Path) -> dict[str, Path]:
+    """Each PR's patches, numbered from 0001 within the PR, in ``dest/<id>/``."""
+    dirs: dict[str, Path] = {}
+    for pr in prmap.prs:
+        d = dest / pr.id
+        d.mkdir(parents=True, exist_ok=True)
+        for i, name in enumerate(pr.patches, start=1):
+            (d / f"{i:04d}-{name}").write_bytes(upstream_patch((series_dir / name).read_bytes()))
+        dirs[pr.id] = d
+    return dirs
 
 
-KIND_TITLES = {
-    "parity-store": "Tier 1, kernel parity: bf16 store",
-    "parity-read": "Tier 1, kernel parity: bf16 read (Triton paged logits)",
-    "parity": "Tier 1, kernel parity",
-    "recall": "Tier 2, indexer recall",
-    "live": "Tier 3, live-server recall",
-    "bench-read": "Benchmark: bf16 read vs fp8",
-    "bench-store": "Benchmark: bf16 store vs fp8",
-    "bench": "Benchmarks",
-}
-KIND_COMMAND = {
-    "parity": "nox -s verify_recall (GPU)",
-    "recall": "nox -s verify_recall",
-    "live": "nox -s verify_recall -- --server URL --baseline URL",
-    "bench": "nox -s bench (GPU)",
-}
-ACCURACY_KINDS = ("parity-store", "parity-read", "parity", "recall", "live")
-SPEED_KINDS = ("bench-read", "bench-store", "bench")
-# Which evidence speaks for a patch, by the files it touches (the series' five areas).
-RELEVANCE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("mem_cache/deepseek_v4_memory_pool", ("parity-store", "recall")),
-    ("dsv4/compressor", ("parity-store",)),
-    ("fused_norm_rope", ("parity-store", "bench-store")),
-    ("bf16_index_logits", ("parity-read", "bench-read")),
-    ("srt/server_args", ("recall", "live")),
-    ("srt/arg_groups/", ("recall", "live")),  # 0.5.21 declares server arguments here
-    ("dsv4/indexer.py", ("recall", "live")),
-)
-SKIP_FILES = {"run.json", "environment.json"}  # run settings, not results
+# --------------------------------------------------------------------------- what the PR's tree says
 
 
 @dataclass
-class Evidence:
-    kind: str
-    rel: str  # path relative to the repository root
-    committed: bool
-    lines: list[str]  # markdown: a source line, then a table or a note
+class TestFile:
+    path: str
+    how: str  # "added by <patch>" / "changed by <patch>"
+    registrations: str  # upstream's parser's reading, or why it could not be read
+    problems: list[str] = field(default_factory=list)
 
 
-def classify(rel: str) -> str | None:
-    """The evidence kind of a results file from its path, or None for files this reader skips."""
-    low = rel.lower()
-    inner = low[len(RESULTS_DIR) + 1 :] if low.startswith(RESULTS_DIR + "/") else low
-    if inner.rsplit("/", 1)[-1] in SKIP_FILES or "prompts/" in inner:
-        return None
-    for family in ("bench", "parity", "recall", "live"):
-        if family not in inner:
+@dataclass
+class DocsRow:
+    flag: str
+    row: str  # the markdown table row
+    source: str  # where the text came from (the option's declaration)
+
+
+def _arg_fields(text: str) -> dict[str, dict[str, object]]:
+    """Server-argument fields declared as ``name: A[type, "help" | Arg(...)] = default``."""
+    out: dict[str, dict[str, object]] = {}
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
-        if family in ("bench", "parity"):  # verify.parity.read -> parity_read/, bench_read/, ...
-            for sub in ("read", "store"):
-                if sub in inner:
-                    return f"{family}-{sub}"
-        return family
-    return None
+        ann = node.annotation
+        if not (isinstance(ann, ast.Subscript) and isinstance(ann.slice, ast.Tuple) and len(ann.slice.elts) >= 2):
+            continue
+        typ, meta = ann.slice.elts[0], ann.slice.elts[1]
+        info: dict[str, object] = {"type": ast.unparse(typ)}
+        if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
+            info["help"] = meta.value
+        elif isinstance(meta, ast.Call):
+            for kw in meta.keywords:
+                if kw.arg in ("help", "choices", "fallback"):
+                    try:
+                        info[kw.arg] = ast.literal_eval(kw.value)
+                    except ValueError:
+                        info[kw.arg] = ast.unparse(kw.value)
+        try:
+            info["default"] = ast.literal_eval(node.value) if node.value is not None else None
+        except ValueError:
+            info["default"] = ast.unparse(node.value) if node.value is not None else None
+        out[node.target.id] = info
+    return out
 
 
-def _cell(value: Any, limit: int | None = MAX_CELL) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        text = format(value, ".6g")
-    elif isinstance(value, (dict, list)):
-        text = json.dumps(value, sort_keys=True, default=str)
+def docs_row(flag: str, info: dict[str, object]) -> str:
+    """A row of docs/advanced_features/server_arguments.md: | Argument | Description | Defaults | Options |."""
+    help_text = re.sub(r"(--[a-z0-9-]+(?: [a-z0-9]+)?)", lambda m: f"`{m.group(1)}`", str(info.get("help", "")))
+    help_text = help_text.replace("|", "\\|")
+    default = info.get("fallback") if info.get("default") is None and info.get("fallback") else info.get("default")
+    choices = info.get("choices")
+    if isinstance(choices, list):
+        options = ", ".join(f"`{c}`" for c in choices)
+    elif info.get("type") == "bool":
+        options = "bool flag (set to enable)"
     else:
-        text = str(value)
-    text = text.replace("\n", " ").replace("|", "\\|")
-    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+        options = f"Type: {info.get('type')}"
+    return f"| `{flag}` | {help_text} | `{default}` | {options} |"
 
 
-def md_table(header: list[str], rows: Iterable[list[Any]], *, results: bool = True) -> list[str]:
-    """A markdown table; ``results`` tables (copied from files) are capped in rows and cell width."""
-    rows = list(rows)
-    limit = MAX_CELL if results else None
-    shown = rows[:MAX_ROWS] if results else rows
-    out = ["| " + " | ".join(_cell(h, limit) for h in header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(_cell(v, limit) for v in row) + " |" for row in shown]
-    if len(rows) > len(shown):
-        out.append(f"\n_{len(rows) - MAX_ROWS} more row(s) in the file._")
+def read_docs_rows(tree: Path, flags: tuple[str, ...]) -> list[DocsRow]:
+    """The docs row of each flag, from its declaration in the tree's server-argument fields."""
+    rows = []
+    decls = sorted((tree / "python/sglang/srt/arg_groups/fields").glob("*.py"))
+    fields_by_file = [(p, _arg_fields(p.read_text())) for p in decls]
+    for flag in flags:
+        name = flag.lstrip("-").replace("-", "_")
+        found = next(((p, f[name]) for p, f in fields_by_file if name in f), None)
+        if found is None:
+            raise ToolError(f"{flag}: no server-argument field {name} in {tree.name}'s arg_groups/fields")
+        rows.append(DocsRow(flag, docs_row(flag, found[1]), found[0].relative_to(tree).as_posix()))
+    return rows
+
+
+def read_tests(tree: Path, series_dir: Path, pr: prs.PR, ci: ModuleType | None) -> list[TestFile]:
+    """The PR's test files (added or changed by its patches) with upstream's reading of their registration."""
+    out: list[TestFile] = []
+    for path in prs.pr_test_files(series_dir, pr):
+        by = next(n for n in pr.patches if path in series.parse_patch(series_dir / n).files)
+        new = path in series.parse_patch(series_dir / by).new_files
+        entry = TestFile(path, f"{'added' if new else 'changed'} by {by}", "not read (no tree)")
+        file = tree / path
+        if ci is not None and file.is_file():
+            parsed = upstreamlint.parse_test(ci, file.read_text(), path)
+            entry.registrations = "; ".join(r.label for r in parsed.registrations) or "none"
+            entry.problems = upstreamlint.test_problems(parsed)
+        out.append(entry)
     return out
 
 
-def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """One level of nesting as dotted keys (`shape.keys`), scalars only: what fits a table cell."""
-    flat: dict[str, Any] = {}
-    for key, value in row.items():
-        if isinstance(value, dict) and not prefix:
-            flat.update(_flatten(value, f"{key}."))
-        elif isinstance(value, (str, int, float, bool)) or value is None:
-            flat[prefix + str(key)] = value
-    return flat
+def format_result(tree: Path, t: Target, pr: prs.PR) -> str:
+    """What ruff (upstream's format and isort settings) says about the PR's Python files in ``tree``."""
+    files = sorted({f for name in pr.patches for f in series.parse_patch(t.series_dir / name).files
+                    if f.endswith(".py") and (tree / f).is_file()})  # fmt: skip
+    ruff = upstreamlint.ruff_if_any(t.root)
+    if not files:
+        return "no Python files"
+    if ruff is None:
+        return "not checked when this draft was written (no ruff at hand)"
+    found = upstreamlint.ruff_findings(tree, files, ruff)
+    if found:
+        return f"{len(found)} finding(s) from `ruff format --check` / ruff's isort over its {len(files)} Python files"
+    return f"its {len(files)} Python files are `ruff format` and ruff-isort clean"
 
 
-def _rows_of(data: Any) -> list[dict[str, Any]] | None:
-    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
-        return data
-    if isinstance(data, dict):
-        for key in ("results", "rows", "cells", "summary", "records"):
-            rows = _rows_of(data.get(key))
-            if rows:
-                return rows
-    return None
+# --------------------------------------------------------------------------- the git am (and test) check
 
 
-def render_json(data: Any) -> list[str]:
-    rows = _rows_of(data)
-    if rows and all("status" in r and "name" in r for r in rows):
-        # A check suite (verify.parity): one row per check with its status and summary.
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[str(r["status"])] = counts.get(str(r["status"]), 0) + 1
-        ok = data.get("ok") if isinstance(data, dict) else None
-        verdict = "" if ok is None else ("all checks pass; " if ok else "**not all checks pass**; ")
-        suite = f"suite `{data['suite']}`: " if isinstance(data, dict) and data.get("suite") else ""
-        tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        return [f"{suite}{verdict}{tally}", ""] + md_table(
-            ["check", "status", "summary"], [[r["name"], r["status"], r.get("summary", "")] for r in rows]
-        )
-    if rows:
-        flat = [_flatten(r) for r in rows]
-        columns: list[str] = []
-        for r in flat:
-            columns += [k for k in r if k not in columns]
-        used = [c for c in columns if any(r.get(c) not in (None, "") for r in flat)]
-        note = [] if len(used) <= MAX_COLS else [f"_{MAX_COLS} of {len(used)} columns shown; all are in the file._", ""]
-        used = used[:MAX_COLS]
-        return note + md_table(used, [[r.get(c) for c in used] for r in flat])
-    if isinstance(data, dict):
-        fields = _flatten(data)
-        if fields:
-            return md_table(["field", "value"], [[k, v] for k, v in fields.items()])
-    return ["_no table could be read from this file (unknown layout); see the file._"]
+@dataclass
+class PRState:
+    """What the PR's own tree (its base + its patches) says, read during the git am check."""
+
+    tests: list[TestFile] = field(default_factory=list)
+    docs: list[DocsRow] = field(default_factory=list)
+    format: str = ""  # ruff format / isort (upstream's settings) over the PR's Python files, or why not checked
 
 
-def render_csv(text: str) -> list[str]:
-    rows = [r for r in csv.reader(io.StringIO(text)) if r]
-    if not rows:
-        return ["_the file is empty._"]
-    header, body = rows[0], rows[1:]
-    note = [] if len(header) <= MAX_COLS else [f"_{MAX_COLS} of {len(header)} columns shown; all are in the file._", ""]
-    return note + md_table(header[:MAX_COLS], [r[:MAX_COLS] for r in body])
-
-
-def render_markdown(text: str) -> list[str]:
-    """The tables of a markdown report (the report's own words stay in the file)."""
-    blocks: list[list[str]] = []
-    current: list[str] = []
-    for line in text.splitlines() + [""]:
-        if line.lstrip().startswith("|"):
-            current.append(line.strip())
-        elif current:
-            blocks.append(current)
-            current = []
-    if not blocks:
-        return ["_the report has no table; see the file._"]
-    out: list[str] = []
-    for block in blocks[:2]:
-        out += block[: MAX_ROWS + 2]  # header + separator + rows
-        if len(block) > MAX_ROWS + 2:
-            out.append(f"\n_{len(block) - MAX_ROWS - 2} more row(s) in the file._")
-        out.append("")
-    if len(blocks) > 2:
-        out.append(f"_{len(blocks) - 2} more table(s) in the file._")
-    return out
-
-
-def _pick(files: list[Path]) -> list[Path]:
-    """The files of one results folder worth rendering: a markdown report wins; else one per stem
-    (json, or the flat csv twin of a json that is not a check suite)."""
-    reports = [f for f in files if f.suffix == ".md" and f.stem.lower() in ("report", "summary", "readme")]
-    if reports:
-        return reports[:1]
-    chosen = []
-    stems = sorted({f.stem for f in files})
-    for stem in stems:
-        of = {f.suffix: f for f in files if f.stem == stem}
-        if ".json" in of and ".csv" in of:
-            chosen.append(of[".json"] if _is_check_suite(of[".json"]) else of[".csv"])
-        else:
-            chosen += [of[s] for s in (".md", ".json", ".csv") if s in of]
-    return chosen
-
-
-def _is_check_suite(path: Path) -> bool:
+def check_release(
+    t: Target, prmap: prs.PRMap, patch_dirs: dict[str, Path], label: str, python: seriestests.TestPython | None,
+    states: dict[str, PRState] | None = None, up: upstream.Upstream | None = None,
+) -> prs.ReleaseCheck:
+    """`git am` each PR on its base in a scratch clone of ``t``'s upstream (``up``, else the base
+    `apply` recorded); run its tests with ``python``."""
+    rc = prs.ReleaseCheck(label, checked=True)
     try:
-        rows = _rows_of(json.loads(path.read_text()))
-    except (ValueError, OSError):
-        return False
-    return rows is not None and all("status" in r and "name" in r for r in rows)
+        with prs.base_clone(t, up) as (scratch, base):
+            ci = upstreamlint.load_ci_register(scratch) if (scratch / upstreamlint.CI_REGISTER).is_file() else None
+            base_note = f"`{base.base[:12]}` ({base.source})"
+
+            def on_applied(pr: prs.PR, check: prs.PRCheck) -> None:
+                below = prmap.prs[: prmap.prs.index(pr)]
+                check.base = base_note + "".join(f" + ({p.id})" for p in below)
+                check.below = [p.id for p in below]
+                check.tests = prs.pr_test_files(t.series_dir, pr)
+                if states is not None:
+                    states[pr.id] = PRState(read_tests(scratch, t.series_dir, pr, ci),
+                                            read_docs_rows(scratch, pr.docs) if pr.docs else [],
+                                            format_result(scratch, t, pr))
+                if python is not None:
+                    present = [f for f in check.tests if (scratch / f).is_file()]
+                    check.run = seriestests.run(python, scratch, select=present) if present else seriestests.TestRun(
+                        scratch, absent=True)
+                    print(f"pr-drafts --check: {label}: PR {pr.id}: {check.summary()}", flush=True)
+
+            rc.prs = prs.am_prs(scratch, patch_dirs, prmap, on_applied)
+    except ToolError as exc:
+        rc.checked, rc.why_not = False, [str(exc).splitlines()[0].replace(f"{t.root}/", "")]
+    return rc
 
 
-def _committed(root: Path) -> set[str]:
-    proc = gitutil.git(["ls-files", "-z", "--", RESULTS_DIR], root, check=False)
-    return set(proc.stdout.decode().split("\0")) if proc.returncode == 0 else set()
+# --------------------------------------------------------------------------- which release
 
 
-def collect_evidence(root: Path) -> list[Evidence]:
-    """Every known results file under verify/results/, rendered; unknown files are skipped."""
-    results = root / RESULTS_DIR
-    if not results.is_dir():
-        return []
-    committed = _committed(root)
-    by_dir: dict[Path, list[Path]] = {}
-    for path in sorted(results.rglob("*")):
-        if path.is_file() and path.suffix in (".json", ".csv", ".md") and path.stat().st_size <= MAX_RESULT_BYTES:
-            rel = path.relative_to(root).as_posix()
-            if classify(rel):
-                by_dir.setdefault(path.parent, []).append(path)
-    evidence = []
-    for folder in sorted(by_dir):
-        for path in _pick(by_dir[folder]):
-            rel = path.relative_to(root).as_posix()
-            kind = classify(rel)
-            assert kind is not None
-            evidence.append(Evidence(kind, rel, rel in committed, _render(path)))
-    return evidence
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version))
 
 
-def _render(path: Path) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".json":
-            return render_json(json.loads(text))
-        if path.suffix == ".csv":
-            return render_csv(text)
-        return render_markdown(text)
-    except (ValueError, OSError) as exc:  # a broken file is reported, never guessed around
-        return [f"_could not be read ({type(exc).__name__}: {str(exc)[:160]})._"]
+def carried_versions(root: Path) -> list[str]:
+    """Carried series newer than the pin, newest first."""
+    pinned = pinmod.load(root / "pin.toml")
+    found = [
+        d.name for d in (root / "series" / "next").glob("*")
+        if (d / "pin.toml").is_file() and (d / series.SERIES_FILE).is_file()
+        and _version_key(d.name) > _version_key(pinned.version)
+    ]  # fmt: skip
+    return sorted(found, key=_version_key, reverse=True)
 
 
-def _family(kind: str) -> str:
-    return kind.split("-", 1)[0]
-
-
-def evidence_block(evidence: list[Evidence], wanted: Iterable[str]) -> list[str]:
-    """Markdown for each wanted kind: its files' tables, or "not yet measured" when it has none.
-
-    A results file whose path names only the family (`parity`, `bench`) gets its own block after
-    the family's specific kinds, so it is shown but never counted as the store or the read result.
-    """
-    kinds = list(wanted)
-    for family in dict.fromkeys(_family(k) for k in wanted):
-        if family not in kinds and any(e.kind == family for e in evidence):
-            kinds.append(family)
-    out: list[str] = []
-    for kind in kinds:
-        found = [e for e in evidence if e.kind == kind]
-        out += [f"**{KIND_TITLES[kind]}**", ""]
-        if not found:
-            command = KIND_COMMAND[_family(kind)]
-            out += [f"_not yet measured_ (no results under `{RESULTS_DIR}/`; run `{command}` and commit the results).", ""]
-        for e in found:
-            out += [f"Source: `{e.rel}`" + ("" if e.committed else " (not committed yet)"), "", *e.lines, ""]
-    return out
-
-
-def relevant_kinds(draft: Draft) -> list[str]:
-    """Evidence kinds for a patch, in the tiers' order (so drafts read alike)."""
-    wanted = {k for s in draft.stats for needle, kinds in RELEVANCE if needle in s.path for k in kinds}
-    return [k for k in (*ACCURACY_KINDS, *SPEED_KINDS) if k in wanted]
-
-
-def _adds_server_argument(stats: Iterable[FileStat]) -> bool:
-    return any("srt/server_args" in s.path or "srt/arg_groups/" in s.path for s in stats)
+def newest_target(root: Path) -> tuple[Target, str]:
+    """(target, why): the newest carried series the PR map fits, else the pin (and why not the newer)."""
+    pinned = pinmod.load(root / "pin.toml")
+    skipped: list[str] = []
+    for version in carried_versions(root):
+        t = project.target(root, version)
+        prmap, problems = prs.fits(t)
+        if prmap is not None:
+            why = f"sglang {version}, the newest release the series is carried to (the pin is {pinned.version})"
+            return t, why + ("; not the newer " + ", ".join(skipped) + ": it needs re-carrying first" if skipped else "")
+        skipped.append(f"{version} (its carried series does not fit the PR map, {len(problems)} problem(s), "
+                       f"first: {problems[0]})")
+    why = f"sglang {pinned.version}, the pin"
+    if skipped:
+        why += "; not the newer carried release " + ", ".join(skipped) + ": it needs re-carrying first"
+    return Target(root, None), why
 
 
 # --------------------------------------------------------------------------- markdown
-
-
-@dataclass
-class Context:
-    t: Target
-    chosen: str  # why this release
-    pin: pinmod.Pin
-    shash: str
-    drafts: list[Draft]
-    evidence: list[Evidence]
-    am_note: str  # result of the git am check
 
 
 def _header_table(rows: list[tuple[str, str]]) -> list[str]:
     return ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
 
 
-def _series_rel(ctx: Context, name: str) -> str:
-    return (ctx.t.series_dir / name).relative_to(ctx.t.root).as_posix()
-
-
-def _checklist(tests: list[str], has_evidence: bool, touches_server_args: bool) -> list[str]:
-    docs = ("a server argument changes: upstream's server-argument docs need a row (outside "
-            "`python/sglang/`, so not in the series)" if touches_server_args
-            else "no user-facing documentation change in this patch")  # fmt: skip
-    return [
-        f"- [ ] {CHECK_FORMAT}: run upstream's pre-commit on the changed files before opening.",
-        f"- [{'x' if tests else ' '}] {CHECK_TESTS}: "
-        + (", ".join(f"`{t}`" for t in tests) if tests else "none in this patch"),
-        f"- [ ] {CHECK_DOCS}: {docs}.",
-        f"- [{'x' if has_evidence else ' '}] {CHECK_BENCH}: "
-        + ("see the tables above." if has_evidence else "not yet measured."),
-        f"- [ ] {CHECK_STYLE}: to be confirmed in review.",
-    ]
-
-
-def _review_process() -> list[str]:
-    return [
-        (
-            "Follow upstream's merge process: ask the merge on-call to start it, get approval from the "
-            "code owners of the touched files, have CI triggered, then ask for the merge once CI is green."
-        )
-    ]
-
-
 _LIST_ITEM = re.compile(r"^(\s*)([-*+]|\d+[.)])\s")
 
 
 def unwrap(paragraph: str) -> str:
-    """Join a commit message's hard-wrapped lines: GitHub renders each newline as a line break.
-
-    List items stay one per line (continuation lines join their item); fenced code is kept.
-    """
+    """Join a commit message's hard-wrapped lines (GitHub renders each newline); list items stay one per line."""
     if paragraph.lstrip().startswith("```"):
         return paragraph
     lines: list[str] = []
@@ -582,138 +480,379 @@ def unwrap(paragraph: str) -> str:
 
 
 def _is_testing(paragraph: str) -> bool:
-    """A message paragraph that says how the patch was tested (goes under Accuracy Tests)."""
     return bool(re.match(r"^(tested|testing|tests?\b|how (it|this) was tested)", paragraph.strip(), re.IGNORECASE))
 
 
-def render_draft(ctx: Context, d: Draft) -> str:
-    n = len(ctx.drafts)
-    info = d.info
-    paragraphs = [unwrap(p.strip()) for p in re.split(r"\n\s*\n", info.body) if p.strip()]
-    testing = [p for p in paragraphs[1:] if _is_testing(p)]
-    changes = [p for p in paragraphs[1:] if not _is_testing(p)]
-    wanted = relevant_kinds(d)
-    accuracy = [k for k in wanted if k in ACCURACY_KINDS]
-    speed = [k for k in wanted if k in SPEED_KINDS]
-    depends = "none (first in the series)" if d.index == 1 else (
-        f"drafts 1-{d.index - 1} (apply the patches in order)" if d.index > 2 else "draft 1")
-    meta = [
-        ("draft", f"{d.index} of {n} in the bf16 index-key series ([cover](00-cover.md))"),
-        ("patch", f"`patches/{d.patch_file}` (from `{_series_rel(ctx, d.name)}`)"),
-        ("upstream", f"sglang {ctx.pin.version}: {ctx.chosen}"),
-        ("depends on", depends),
-    ]
-    for key in ("Forwarded", "Bug", "Ref", "Applied-Upstream", "Last-Update"):
-        if key in info.trailers:
-            meta.append((key, info.trailers[key]))
-    out = [f"# {d.title}", "", *_header_table(meta), ""]
-    out += ["## Motivation", "", paragraphs[0] if paragraphs else "_the patch header has no message_", "",
-            SERIES_CONTEXT, ""]  # fmt: skip
-    out += ["## Modifications", ""]
-    for p in changes:
-        out += [p, ""]
-    out += md_table(["file", "+", "-", "status"], [[f"`{s.path}`", s.added, s.deleted, s.status] for s in d.stats],
-                    results=False)
+def paragraphs(info: series.PatchInfo) -> list[str]:
+    return [unwrap(p.strip()) for p in re.split(r"\n\s*\n", info.body) if p.strip()]
+
+
+@dataclass
+class Context:
+    t: Target
+    chosen: str
+    pin: pinmod.Pin
+    shash: str
+    prmap: prs.PRMap
+    patches: dict[str, Patch]
+    states: dict[str, PRState]
+    releases: list[prs.ReleaseCheck]
+    evidence: dict[str, str]
+    tests_run: bool  # --check ran the PRs' tests
+
+    def index(self, pr: prs.PR) -> int:
+        return self.prmap.prs.index(pr) + 1
+
+    def draft_file(self, pr: prs.PR) -> str:
+        return f"pr-{pr.id}.md"
+
+    def option_index(self) -> int:
+        """The 1-based PR that adds the index-K option (A/B runs are possible from there)."""
+        return next((self.index(p) for p in self.prmap.prs if OPTION in p.docs), len(self.prmap.prs) + 1)
+
+
+def _lines_added(stats: list[FileStat]) -> tuple[int, int]:
+    return (sum(int(s.added) for s in stats if s.added.isdigit()),
+            sum(int(s.deleted) for s in stats if s.deleted.isdigit()))  # fmt: skip
+
+
+def motivation(ctx: Context, pr: prs.PR) -> list[str]:
+    if pr.motivation == "patch":
+        first = paragraphs(ctx.patches[pr.patches[0]].info)
+        return [first[0] if first else "_the patch header has no message_", "", pr.context, ""]
+    out = [bf16_motivation(ctx.evidence["fp8-precision"]), "", pr.context, ""]
+    if "cost" in pr.evidence:
+        out += ["### What bf16 index keys cost", "", ctx.evidence["cost"].rstrip(), ""]
+    return out
+
+
+# A commit paragraph telling the field report is the set's motivation, which the draft states once.
+_FIELD_REPORT = re.compile(r"~?4\.5K tokens")
+
+
+def _is_motivation(pr: prs.PR, commit: int, index: int, paragraph: str) -> bool:
+    """Whether a commit paragraph is the draft's Motivation (so not repeated under Modifications)."""
+    if pr.motivation == "patch":
+        return commit == 0 and index == 0
+    return bool(_FIELD_REPORT.search(paragraph))
+
+
+def modifications(ctx: Context, pr: prs.PR) -> list[str]:
+    out: list[str] = []
+    for note in pr.notes:
+        out += [f"> {note}", ""]
+    for i, name in enumerate(pr.patches):
+        p = ctx.patches[name]
+        paras = paragraphs(p.info)
+        kept = [x for j, x in enumerate(paras) if not _is_testing(x) and not _is_motivation(pr, i, j, x)]
+        out += [f"**{p.info.subject}**", ""]
+        for x in kept:
+            out += [x, ""]
+    stats = [s for name in pr.patches for s in ctx.patches[name].stats]
+    added, deleted = _lines_added(stats)
+    out += [f"Diffstat ({len(pr.patches)} commit(s), {len(stats)} file change(s), +{added} -{deleted}):", ""]
+    out += ["| file | + | - | |", "|---|---|---|---|"]
+    out += [f"| `{s.path}` | {s.added} | {s.deleted} | {s.status} |" for s in stats]
     out.append("")
-    out += ["## Accuracy Tests", ""]
-    for p in testing:
-        out += [p, ""]
-    if d.tests:
-        out += ["Unit tests added by this patch:", "",
-                "```bash", "python -m pytest " + " ".join(d.tests), "```", ""]  # fmt: skip
-    else:
-        out += ["This patch adds no test file of its own.", ""]
-    out += evidence_block(ctx.evidence, accuracy) if accuracy else [
-        "Series-level accuracy evidence is in the [cover](00-cover.md).", ""]
-    out += ["## Speed Tests and Profiling", ""]
-    no_bench = "No kernel benchmark applies to this patch on its own; the series' benchmarks are in the cover."
-    out += evidence_block(ctx.evidence, speed) if speed else [no_bench, ""]
-    has_evidence = any(e.kind in wanted or e.kind in {_family(k) for k in wanted} for e in ctx.evidence)
-    out += ["## Checklist", "", *_checklist(d.tests, has_evidence, _adds_server_argument(d.stats)), ""]
-    out += ["## Review and Merge Process", "", *_review_process(), ""]
+    state = ctx.states.get(pr.id)
+    if pr.docs:
+        out += ["### Documentation", ""]
+        if state and state.docs:
+            out += [
+                ("`docs/advanced_features/server_arguments.md` needs these rows in its *Kernel Backends (Attention, "
+                "Sampling, Grammar, GEMM)* table, replacing the `--enable-deepseek-v4-fp4-indexer` row #27035 "
+                "added there (docs are not in the wheel this PR was built against, so the text is here; the "
+                "description is the option's own help text):"),
+                "",
+                "```markdown",
+                "| Argument | Description | Defaults | Options |",
+                "| --- | --- | --- | --- |",
+                *[d.row for d in state.docs],
+                "```",
+                "",
+                ("Deprecation: `--enable-deepseek-v4-fp4-indexer` keeps working as an alias of "
+                f"`{OPTION} fp4` with a deprecation warning; together with another `{OPTION}` value it is an "
+                "error. After resolution both fields agree (`/server_info` reports both), so code and scripts "
+                "that read the old field see the same format. The DeepSeek-V4 usage tips #27035 added should "
+                f"name `{OPTION} fp4`."),
+                "",
+            ]
+        else:
+            out += [("_The docs rows are read from the option's declaration in the PR's tree, which was not "
+                    "available when this draft was written._"), ""]  # fmt: skip
+    return out
+
+
+def _tests_table(state: PRState | None) -> list[str]:
+    if state is None or not state.tests:
+        return ["_No test files read (the PR's tree was not available)._", ""]
+    out = ["| test file | CI registration (upstream's parser) | |", "|---|---|---|"]
+    for tf in state.tests:
+        note = tf.how + ("; " + "; ".join(tf.problems) if tf.problems else "")
+        out.append(f"| `{tf.path}` | {tf.registrations} | {note} |")
+    return out + [""]
+
+
+def accuracy(ctx: Context, pr: prs.PR) -> list[str]:
+    state = ctx.states.get(pr.id)
+    out = ["Unit tests this PR adds or changes:", "", *_tests_table(state)]
+    if state and state.tests:
+        out += ["```bash", "python3 -m pytest -q " + " ".join(tf.path for tf in state.tests), "```", ""]
+    for name in pr.patches:
+        for x in paragraphs(ctx.patches[name].info):
+            if _is_testing(x):
+                out += [x, ""]
+    for rc in ctx.releases:
+        check = next((c for c in rc.prs if c.pr == pr.id), None)
+        if rc.checked and check is not None and check.run is not None:
+            version = rc.label.split(" ", 1)[0]
+            on = f"SGLang {version}" + ("".join(f" + PR ({i})" for i in check.below))
+            verdict = "pass" if check.run.ok else "do NOT all pass"
+            out += [(f"Applied with `git am` on {on}, the tests above {verdict} on a CPU machine (Triton kernels under "
+                     f"Triton's interpreter, CUDA-only tests skipped): {check.run.summary()}."), ""]  # fmt: skip
+    kinds = [k for k in pr.evidence if k in ("store-parity", "read-parity", "forward", "recall")]
+    for k in kinds:
+        out += [ctx.evidence[k].rstrip(), ""]
+    if not kinds:
+        out += [("No model output changes: the fix only refuses a transfer the fallback copy could not do "
+                "correctly, and the tests above cover it."), ""] if pr.motivation == "patch" else []
+    return out
+
+
+def speed(ctx: Context, pr: prs.PR) -> list[str]:
+    kinds = [k for k in pr.evidence if k in ("store-bench", "read-bench")]
+    if not kinds:
+        return ["Not applicable: no kernel or hot path changes speed in this PR.", ""]
+    out: list[str] = []
+    for k in kinds:
+        out += [ctx.evidence[k].rstrip(), ""]
+    return out
+
+
+def still_needs(ctx: Context, pr: prs.PR) -> list[str]:
+    ab = ctx.index(pr) >= ctx.option_index()
+    measured = any(k != "cost" for k in pr.evidence)
+    above = ("Everything above is unit tests and kernel- or indexer-level measurements on synthetic "
+             "DeepSeek-V4-shaped inputs." if measured else "Everything above is unit tests.")
+    out = [
+        above + " What only real hardware serving the real model can show is still open; these runs give it"
+        + (f" (an fp8 server on port {FP8_PORT} and a bf16 one on {BF16_PORT}, each on its own 4 GPUs):" if ab else ":"),
+        "",
+    ]
+    for need in pr.needs:
+        what, commands = needed_runs(need, ab)
+        out += [f"- [ ] {what}", "", "  ```bash", *[f"  {c}" for c in commands], "  ```", ""]
+    if not pr.needs:
+        out += ["- nothing beyond the unit tests above.", ""]
+    return out
+
+
+def checklist(ctx: Context, pr: prs.PR) -> list[str]:
+    state = ctx.states.get(pr.id)
+    tests = state.tests if state else []
+    registered = [t for t in tests if t.how.startswith("added") and not t.problems]
+    measured = [k for k in pr.evidence if k != "cost" and previdence.NOT_MEASURED not in ctx.evidence.get(k, "")]
+    problems = [t for t in tests if t.problems]
+    test_note = (f"{len(registered)} test file(s) added, registered for upstream's CI (table above)" if registered
+                 else "no registered test file added")
+    if problems:
+        test_note += f"; {len(problems)} file(s) need the fixes noted in the table"
+    docs_note = ("the rows are in this description; `docs/` is not part of this change yet" if pr.docs
+                 else "no user-facing option or doc changes in this PR")
+    bench_note = ("kernel-level results above (measured on an H200); the end-to-end runs are listed under "
+                  f"\"{STILL_NEEDS}\"" if measured else f"none yet: see \"{STILL_NEEDS}\"")
+    native = any(s.path.endswith((".cu", ".cuh", ".h", ".cpp", ".cc")) for name in pr.patches
+                 for s in ctx.patches[name].stats)  # fmt: skip
+    fmt = state.format if state and state.format else "not checked (the PR's tree was not available)"
+    return [
+        (f"- [ ] {CHECK_FORMAT} With the settings upstream's files follow (ruff format, line length 88; ruff's "
+         f"isort, `known-first-party = [\"sglang\"]`): {fmt}. Upstream's pre-commit itself (codespell"
+         + (", clang-format for the CUDA source" if native else "") + ") has not been run."),
+        f"- [{'x' if registered else ' '}] {CHECK_TESTS} {test_note}.",
+        f"- [ ] {CHECK_DOCS} {docs_note[:1].upper()}{docs_note[1:]}.",
+        f"- [{'x' if measured else ' '}] {CHECK_BENCH} {bench_note[:1].upper()}{bench_note[1:]}.",
+        f"- [ ] {CHECK_STYLE} To be confirmed in review.",
+    ]
+
+
+def render_draft(ctx: Context, pr: prs.PR) -> str:
+    n = len(ctx.prmap.prs)
+    i = ctx.index(pr)
+    below = ctx.prmap.prs[: i - 1]
+    base = f"SGLang {ctx.pin.version}" + (" + " + ", ".join(f"PR ({p.id}) {p.title}" for p in below) if below else "")
+    meta = [("part", f"{i} of {n} of the bf16 index-K set for DeepSeek-V4"), ("base", base),
+            ("commits", ", ".join(f"`{ctx.patches[name].info.subject}`" for name in pr.patches))]  # fmt: skip
+    fwd = sorted({ctx.patches[name].info.trailers.get("Forwarded", "no") for name in pr.patches})
+    if any(f.startswith("https://") for f in fwd):
+        meta.append(("opened as", ", ".join(f for f in fwd if f.startswith("https://"))))
+    out = [f"# {pr.title}", "", *_header_table(meta), ""]
+    out += ["## Motivation", "", *motivation(ctx, pr)]
+    out += ["## Modifications", "", *modifications(ctx, pr)]
+    out += ["## Accuracy Tests", "", *accuracy(ctx, pr)]
+    out += ["## Speed Tests and Profiling", "", *speed(ctx, pr)]
+    out += [f"## {STILL_NEEDS}", "", *still_needs(ctx, pr)]
+    out += ["## Checklist", "", *checklist(ctx, pr), ""]
+    out += ["## Review and Merge Process", "", *REVIEW, ""]
     return "\n".join(out)
 
 
 def render_cover(ctx: Context) -> str:
-    n = len(ctx.drafts)
-    rel = ctx.t.series_dir.relative_to(ctx.t.root).as_posix()
-    meta = [
-        ("rebased onto", f"sglang {ctx.pin.version}: {ctx.chosen}"),
-        ("series", f"`{rel}/`, {n} patch(es), hash `{ctx.shash[:12]}`"),
-        ("upstream commit", f"`{ctx.pin.commit}`" if ctx.pin.commit else "not recorded for this release (wheel-built base)"),
-        ("git am check", ctx.am_note),
-    ]
-    out = [f"# [{DEFAULT_TAG}] bf16 index keys for the sparse-attention indexer ({n} PRs)", "",
+    n = len(ctx.prmap.prs)
+    meta = [("drafted against", ctx.chosen),
+            ("series", f"{len(ctx.patches)} patches, hash `{ctx.shash[:12]}`: {n} PRs, {len(ctx.prmap.local)} local only"),
+            ("upstream commit", f"`{ctx.pin.commit}`" if ctx.pin.commit else "not recorded for this release (wheel-built base)")]  # fmt: skip
+    out = [f"# bf16 index keys for DeepSeek-V4's C4 indexer: the upstream PR set ({n} PRs)", "",
            *_header_table(meta), ""]  # fmt: skip
-    out += ["## Motivation", "", field_report(ctx.t.root), ""]
-    out += ["## Modifications", "", "One PR per patch, to be merged in this order:", ""]
-    rows = []
-    for d in ctx.drafts:
-        added = sum(int(s.added) for s in d.stats if s.added.isdigit())
-        deleted = sum(int(s.deleted) for s in d.stats if s.deleted.isdigit())
-        rows.append([d.index, f"[{d.title}]({d.draft_file})", len(d.stats), f"+{added} -{deleted}",
-                     len(d.tests), d.info.trailers.get("Forwarded", "?")])  # fmt: skip
-    out += (md_table(["#", "PR", "files", "lines", "test files", "Forwarded"], rows, results=False)
-            if rows else ["_the series is empty._"])
+    out += ["## The PRs", "", "Merge in this order; each applies on upstream plus the PRs above it.", ""]
+    out += ["| PR | title | patches, in order | base | files | lines | Forwarded |", "|---|---|---|---|---|---|---|"]
+    for pr in ctx.prmap.prs:
+        stats = [s for name in pr.patches for s in ctx.patches[name].stats]
+        added, deleted = _lines_added(stats)
+        below = ctx.prmap.prs[: ctx.index(pr) - 1]
+        base = "upstream" + "".join(f" + {p.id}" for p in below)
+        fwd = ", ".join(sorted({ctx.patches[name].info.trailers.get("Forwarded", "?") for name in pr.patches}))
+        out.append(f"| ({pr.id}) | [{pr.title}]({ctx.draft_file(pr)}) | {'<br>'.join(f'`{p}`' for p in pr.patches)} | "
+                   f"{base} | {len(stats)} | +{added} -{deleted} | {fwd} |")
     out.append("")
-    out += ["## Accuracy Tests", ""]
-    out += evidence_block(ctx.evidence, ("parity-store", "parity-read", "recall", "live"))
-    out += ["## Speed Tests and Profiling", ""]
-    out += evidence_block(ctx.evidence, ("bench-read", "bench-store"))
-    tests = [t for d in ctx.drafts for t in d.tests]
-    touched = [s for d in ctx.drafts for s in d.stats]
-    out += ["## Checklist", "", *_checklist(tests, bool(ctx.evidence), _adds_server_argument(touched)), ""]
-    out += ["## Review and Merge Process", "", *_review_process(), ""]
-    # --keep-non-patch: plain `git am` would strip the "[DeepSeek-V4]" tag from each subject.
-    out += ["## Applying the patches", "", "On a checkout of upstream SGLang (the patches are in order):", "",
-            "```bash", f"git am -3 --keep-non-patch build/{OUT_SUBDIR}/{ctx.pin.version}/patches/*.patch", "```",
-            ""]  # fmt: skip
+    for pr in ctx.prmap.prs:
+        out += [f"- ({pr.id}) {pr.context}"] + [f"  - {note}" for note in pr.notes]
+    out += ["", "## Local only (Forwarded: not-needed)", "", "| patch | why it stays in the series |", "|---|---|"]
+    out += [f"| `{loc.patch}` | {loc.why} |" for loc in ctx.prmap.local]
+    out += ["", "## The git am check, per PR on its own base", ""]
+    out += ["| release | PR | git am | its tests |", "|---|---|---|---|"]
+    for rc in ctx.releases:
+        if not rc.checked:
+            out.append(f"| {rc.label} | all | not checked: {'; '.join(rc.why_not)} | |")
+            continue
+        for c in rc.prs:
+            tests = ("not run: it does not apply" if not c.applies else "not run (`--check` runs them)"
+                     if c.run is None else "no test files of its own" if c.run.absent else c.run.summary())
+            out.append(f"| {rc.label} | ({c.pr}) | {'applies on ' + c.base if c.applies else 'FAILS: ' + c.detail} | {tests} |")
+        for pr in ctx.prmap.prs[len(rc.prs):]:
+            out.append(f"| {rc.label} | ({pr.id}) | not tried (an earlier PR did not apply) | |")
+    out += ["", "## Applying", "", "From this folder, on a checkout of upstream SGLang at the base release:", "",
+            "```bash"] + [f"git am -3 --keep-non-patch patches/{pr.id}/*.patch   # ({pr.id})" for pr in ctx.prmap.prs]
+    out += ["```", ""]
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------- git am check
+# --------------------------------------------------------------------------- the command
 
 
-def check_am(t: Target, patch_dir: Path, names: list[str]) -> str:
-    """Apply the written patches with `git am` on the target's base in a scratch clone."""
-    repo = t.upstream_dir
-    apply_cmd = "nox -s apply" + (f" -- --upstream {t.version}" if t.carried else "")
-    if not names:
-        return "nothing to apply"
-    if not gitutil.is_repo(repo):
-        return f"not checked here (the upstream tree is not set up; run `{apply_cmd}` and draft again)"
-    base = gitutil.git(["rev-parse", "--verify", "-q", upstream.BASE_REF], repo, check=False)
-    if base.returncode != 0:
-        return f"not checked here (no base recorded; run `{apply_cmd}` and draft again)"
-    state = upstream.read_state(repo)
-    up = upstream.Upstream(repo, base.stdout.decode().strip(), state.get("source", "?"), "")
-    with patches.scratch_clone(up) as scratch:
-        failure = patches.run_am(scratch, patches.mbox(patch_dir, names), names)
-        if failure:
-            raise ToolError(patches.conflict_message(failure, up, "pr-drafts: git am of the written patches"))
-        tree = gitutil.out(["rev-parse", "HEAD^{tree}"], scratch)
-    same = ""
-    if state.get("series_hash") == series.series_hash(t.series_dir):
-        same = ", same tree as the applied series" if tree == gitutil.out(["rev-parse", "HEAD^{tree}"], repo) else (
-            ", **tree differs from the applied series**")
-    return f"the {len(names)} patches apply with `git am` on base `{up.base[:12]}` ({up.source}){same}"
+def _evidence_kinds(prmap: prs.PRMap) -> list[str]:
+    kinds = ["fp8-precision"] + [k for pr in prmap.prs for k in pr.evidence]
+    return list(dict.fromkeys(kinds))
+
+
+def _release_label(t: Target) -> str:
+    return f"{t.load_pin().version} ({'carried' if t.carried else 'pin'})"
+
+
+def generate(t: Target, chosen: str, out_dir: Path | None = None, *, check: bool = False) -> Path:
+    """Write the cover, one draft per PR and each PR's patches; return the folder.
+
+    ``check``: also run each PR's tests on its base, on the pin and on the newest carried release.
+    """
+    return generate_checked(t, chosen, out_dir, check=check)[0]
+
+
+def generate_checked(
+    t: Target, chosen: str, out_dir: Path | None = None, *, check: bool = False
+) -> tuple[Path, list[prs.ReleaseCheck]]:
+    """:func:`generate`, also returning what the git am (and test) check found per release."""
+    pin = t.load_pin()
+    prmap = prs.load(t)
+    problems = series.hygiene(t.series_dir)
+    if problems:
+        raise ToolError("series hygiene:\n  " + "\n  ".join(problems))
+    order = series.read_order(t.series_dir)
+    patch_info = {n: Patch(n, series.parse_patch(t.series_dir / n), diffstat((t.series_dir / n).read_bytes(), t.root))
+                  for n in order}  # fmt: skip
+    out = (out_dir or t.build_dir / OUT_SUBDIR / pin.version).resolve()
+    if out.exists():
+        shutil.rmtree(out)  # generated output: a dropped PR must not leave its old draft
+    out.mkdir(parents=True)
+    patch_dirs = write_pr_patches(t.series_dir, prmap, out / "patches")
+    python = seriestests.find_python(t.root) if check else None
+    states: dict[str, PRState] = {}
+    # Without --check the drafted release's tree is used as it is (the cover says when it is not set
+    # up); with it, every checked release's tree is built first and a PR's tests run on its base.
+    up, why = _obtain(t) if check else (None, "")
+    releases = [check_release(t, prmap, patch_dirs, _release_label(t), python, states, up) if not why
+                else prs.ReleaseCheck(_release_label(t), False, [why])]  # fmt: skip
+    if check:
+        releases += other_releases(t, python)
+    evidence = previdence.render(t.root, _evidence_kinds(prmap))
+    ctx = Context(t, chosen, pin, series.series_hash(t.series_dir), prmap, patch_info, states, releases, evidence,
+                  tests_run=check)  # fmt: skip
+    texts = {COVER: render_cover(ctx)} | {ctx.draft_file(pr): render_draft(ctx, pr) for pr in prmap.prs}
+    for name, text in texts.items():
+        refs = previdence.local_refs(text, strict=name != COVER)
+        if refs:
+            raise ToolError(f"pr-drafts: {name} would name local paths or this repository's harness:\n  "
+                            + "\n  ".join(refs[:10]))  # fmt: skip
+    for name, text in texts.items():
+        (out / name).write_text(text)
+    return out, releases
+
+
+def _obtain(t: Target) -> tuple[upstream.Upstream | None, str]:
+    """Build (or find) ``t``'s upstream tree at its base: (it, "") or (None, why not)."""
+    try:
+        return upstream.obtain(t, quiet=True), ""
+    except ToolError as exc:
+        return None, "its upstream tree could not be built: " + str(exc).splitlines()[0].replace(f"{t.root}/", "")
+
+
+def other_releases(drafted: Target, python: seriestests.TestPython | None) -> list[prs.ReleaseCheck]:
+    """The check on the pin and on the newest carried release, whichever of them was not drafted."""
+    root = drafted.root
+    wanted = [Target(root, None)] + [project.target(root, v) for v in carried_versions(root)[:1]]
+    out = []
+    for t in dict.fromkeys(wanted):
+        if t == drafted:
+            continue
+        label = _release_label(t)
+        prmap, problems = prs.fits(t)
+        if prmap is None:
+            out.append(prs.ReleaseCheck(label, False, [f"its series does not fit the PR map ({problems[0]}"
+                                                       + (f"; {len(problems) - 1} more" if len(problems) > 1 else "")
+                                                       + "): re-carry it first"]))  # fmt: skip
+            continue
+        up, why = _obtain(t)
+        if why:
+            out.append(prs.ReleaseCheck(label, False, [why]))
+            continue
+        with tempfile.TemporaryDirectory(prefix="bf16k-prs-") as tmp:
+            dirs = write_pr_patches(t.series_dir, prmap, Path(tmp))
+            out.append(check_release(t, prmap, dirs, label, python, up=up))
+    return out
 
 
 # --------------------------------------------------------------------------- --pr-url
 
 
-def parse_pr_urls(items: list[str], names: list[str]) -> dict[str, str]:
-    """`PATCH=URL` pairs -> {series file name: URL}; PATCH is the file name or its stem."""
+def parse_pr_urls(items: list[str], names: list[str], prmap: prs.PRMap | None = None) -> dict[str, str]:
+    """`ID=URL` (every patch of that PR) or `PATCH=URL` (one patch) -> {series file name: URL}."""
     urls: dict[str, str] = {}
+    ids = {pr.id: pr for pr in prmap.prs} if prmap else {}
+    local = {loc.patch for loc in prmap.local} if prmap else set()
     for item in items:
         key, sep, url = item.partition("=")
         if not sep or not key or not url:
-            raise ToolError(f"--pr-url expects PATCH=URL, got {item!r}")
-        name = key if key.endswith(".patch") else key + ".patch"
-        if name not in names:
-            raise ToolError(f"--pr-url: no patch {key!r} in the series (patches: {', '.join(names) or 'none'})")
+            raise ToolError(f"--pr-url expects ID=URL or PATCH=URL, got {item!r}")
         if not url.startswith("https://") or any(c.isspace() for c in url):
             raise ToolError(f"--pr-url: {url!r} is not an https URL (Forwarded: takes no, not-needed or a URL)")
+        if key in ids:
+            for name in ids[key].patches:
+                urls[name] = url
+            continue
+        name = key if key.endswith(".patch") else key + ".patch"
+        if name not in names:
+            known = ", ".join(sorted(ids)) + ("; " if ids else "") + ", ".join(names)
+            raise ToolError(f"--pr-url: no PR or patch {key!r} (known: {known or 'none'})")
+        if name in local:
+            raise ToolError(f"--pr-url: {name} is local only (Forwarded: not-needed in the PR map); no PR carries it")
         urls[name] = url
     return urls
 
@@ -758,11 +897,7 @@ def record_pr_urls(t: Target, urls: dict[str, str], today: str | None = None) ->
     repo = tree.repo
     commits = gitutil.out(["rev-list", "--reverse", f"{tree.base}..{tree.head}"], repo).split()
     today = today or time.strftime("%Y-%m-%d", time.gmtime())
-    changed = []
-    for name, url in urls.items():
-        info = series.parse_patch(t.series_dir / name)
-        if info.trailers.get("Forwarded") != url:
-            changed.append(name)
+    changed = [name for name, url in urls.items() if series.parse_patch(t.series_dir / name).trailers.get("Forwarded") != url]
     if not changed:
         return []
     first = min(tree.names.index(n) for n in changed)
@@ -783,55 +918,54 @@ def record_pr_urls(t: Target, urls: dict[str, str], today: str | None = None) ->
     return changed
 
 
-# --------------------------------------------------------------------------- the command
-
-
-def generate(t: Target, chosen: str, out_dir: Path | None = None) -> Path:
-    """Write the cover, one draft per patch and the `git am`-ready patches; return the folder."""
-    pin = t.load_pin()
-    drafts = load_drafts(t)
-    out = (out_dir or t.build_dir / OUT_SUBDIR / pin.version).resolve()
-    if out.exists():
-        shutil.rmtree(out)  # generated output: a dropped patch must not leave its old draft
-    (out / "patches").mkdir(parents=True)
-    for d in drafts:
-        data = upstream_patch((t.series_dir / d.name).read_bytes(), d.title)
-        (out / "patches" / d.patch_file).write_bytes(data)
-    am_note = check_am(t, out / "patches", [d.patch_file for d in drafts])
-    ctx = Context(t, chosen, pin, series.series_hash(t.series_dir), drafts, collect_evidence(t.root), am_note)
-    (out / "00-cover.md").write_text(render_cover(ctx))
-    for d in drafts:
-        (out / d.draft_file).write_text(render_draft(ctx, d))
-    return out
-
-
 def cmd_pr_drafts(ns: argparse.Namespace) -> int:
     root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
     if ns.upstream:
         t = project.target(root, ns.upstream)
-        chosen = f"{t.label}, chosen with --upstream"
+        chosen = f"sglang {t.load_pin().version}, chosen with --upstream"
     else:
         t, chosen = newest_target(root)
     if ns.pr_url:
-        urls = parse_pr_urls(ns.pr_url, series.read_order(t.series_dir))
+        urls = parse_pr_urls(ns.pr_url, series.read_order(t.series_dir), prs.load(t))
         changed = record_pr_urls(t, urls)
         for name in changed:
             print(f"{name}: Forwarded: {urls[name]}")
         if not changed:
             print("Forwarded: already up to date")
-    out = generate(t, chosen, ns.out)
-    count = len(series.read_order(t.series_dir))
+    out, releases = generate_checked(t, chosen, ns.out, check=ns.check)
     shown = out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out
-    print(f"pr-drafts: {count} draft(s) + cover for sglang {t.load_pin().version} ({chosen}) in {shown}")
+    n = len(prs.load(t).prs)
+    print(f"pr-drafts: {n} PR draft(s) + cover for {chosen} in {shown}")
+    if ns.check:
+        code, lines = check_verdict(releases)
+        for line in lines:
+            print(f"pr-drafts --check: {line}")
+        return code
     return 0
 
 
+def check_verdict(releases: list[prs.ReleaseCheck]) -> tuple[int, list[str]]:
+    """(exit status, lines) of `--check`: 1 unless every PR applied and passed on every release."""
+    lines = [f"{rc.label}: not checked: {'; '.join(rc.why_not)}" for rc in releases if not rc.checked]
+    bad = [f"{rc.label} PR ({c.pr})" for rc in releases for c in rc.prs if not c.ok]
+    untried = [f"{rc.label} PR ({c.pr})" for rc in releases if rc.checked for c in rc.prs if c.run is None and c.applies]
+    if bad:
+        lines.append(f"does not apply or its tests fail: {', '.join(bad)} (see the cover)")
+    if untried:
+        lines.append(f"applied but not tested: {', '.join(untried)}")
+    if bad or untried or any(not rc.checked for rc in releases):
+        return 1, lines
+    return 0, [f"every PR applies on its base and its tests pass, on {', '.join(rc.label for rc in releases)}"]
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("pr-drafts", help="upstream PR drafts (one per patch + cover) and git am-ready patches")
-    p.add_argument("--upstream", metavar="VERSION", help="draft against this release (default: the newest carried one)")
+    p = sub.add_parser("pr-drafts", help="the upstream PR set: a draft per PR, a cover with the map, git am-ready patches")
+    p.add_argument("--upstream", metavar="VERSION", help="draft against this release (default: the newest carried one the map fits)")
     p.add_argument(
-        "--pr-url", action="append", default=[], metavar="PATCH=URL",
-        help="record an opened PR: rewrite that patch's Forwarded: trailer and re-export (repeatable)",
+        "--pr-url", action="append", default=[], metavar="ID=URL|PATCH=URL",
+        help="record an opened PR: rewrite the Forwarded: trailer of that PR's patches (or one patch) and re-export",
     )  # fmt: skip
+    p.add_argument("--check", action="store_true",
+                   help="also run each PR's own tests on its base, on the pin and the newest carried release (slow)")
     p.add_argument("--out", type=Path, help="output folder (default build/pr-drafts/<version>)")
     p.set_defaults(func=cmd_pr_drafts)
