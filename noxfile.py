@@ -152,5 +152,5 @@ def wheel(session: nox.Session) -> None:
 
 @nox.session(python=False, tags=["series"], default=False)
 def pr_drafts(session: nox.Session) -> None:
-    """Upstream PR drafts (one per patch + a cover) and git am-ready patches in build/pr-drafts/<version>/."""
+    """The upstream PR set (series/prs.toml): a draft per PR, a cover, git am-ready patches; `-- --check` tests each PR."""
     _tool(session, "pr-drafts")
