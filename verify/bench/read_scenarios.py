@@ -169,9 +169,10 @@ class LongPrefillResult:
         return out
 
 
-def dispatch_ranges(lengths: list[int], topk: int = INDEX_TOPK) -> list[int]:
+def dispatch_ranges(lengths: list[int], topk: int | None = None) -> list[int]:
     """``ke`` per row as upstream's non-paged plan hands it to the scorer: a row of at most
-    ``topk`` keys gets an empty range (``ke = ks = 0``)."""
+    ``topk`` (default ``INDEX_TOPK``) keys gets an empty range (``ke = ks = 0``)."""
+    topk = INDEX_TOPK if topk is None else topk
     return [n if n > topk else 0 for n in lengths]
 
 
@@ -583,7 +584,8 @@ def run_long_prefill(
         q = case.q[:, 0].contiguous()
         ke = torch.tensor(dispatch_ranges(lengths), dtype=torch.int32, device=case.q.device)
         ks = torch.zeros_like(ke)
-        table = case.page_table[0].contiguous()
+        # the request's table: the longest row's (each row of a ReadCase lists only its own pages)
+        table = case.page_table[int(case.seq_lens.argmax())].contiguous()
         max_seqlen_k = -(-keys // PAGE) * PAGE
         inputs = (q, bf16_kv, case.weights, ks, ke, table, max_seqlen_k)
         prefill_run = _prefill_chunks(prefill_module.bf16_mqa_logits_with_config, *inputs, chunk)

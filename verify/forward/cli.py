@@ -199,8 +199,8 @@ def summary_markdown(results: list[dict[str, Any]], arms_meta: list[dict[str, An
                and r.get("indexer_plan", {}).get("budget_bytes") is not None]
     if bounded:
         lines += ["", "## Logits under a memory budget (bounded scenarios)", "",
-                  "| profile | arm | step | path | budget MiB | in one piece MiB | chunks | largest chunk MiB | "
-                  "logits phase peak MiB | DeepGEMM schedules | status |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  ("| profile | arm | step | path | budget MiB | in one piece MiB | chunks | largest chunk MiB | "
+                   "logits phase peak MiB | DeepGEMM schedules | status |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in bounded:
             plan = r["indexer_plan"]
             lines.append(f"| {r['profile']} | {r['arm']} | {r['label']} | {'non-paged' if plan.get('nonpaged') else 'paged'} | "

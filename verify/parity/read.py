@@ -688,6 +688,7 @@ class Suite:
         key tile."""
         rows, final = self.s.mqa_chunked
         case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 221)
+        rows = case.rows  # causal_lengths gives at most 4 rows a key
         block_k = self.mqa_block_k()
         ke = case.ke.tolist()
         crossing = next((r for r in range(1, rows) if ke[r - 1] % block_k == 0 and ke[r] % block_k == 1
@@ -1077,7 +1078,7 @@ def main(argv: list[str] | None = None) -> int:
         prefill=[(64, 16), (16, 200)] if small else [(4096, 1024), (1024, 4095), (64, 65536)],
         small=small,
         groups=[2, 4],
-        mqa_prefill=[(256, 100), (64, 700)] if small else [(2048, 1023), (8192, 2048), (1024, 4095), (64, 65536)],
+        mqa_prefill=[(512, 300), (64, 700)] if small else [(2048, 1023), (8192, 2048), (1024, 4095), (64, 65536)],
         mqa_chunked=(1024, 255) if small else (16384, 4095),
     )
     suite = Suite(settings)
