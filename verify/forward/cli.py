@@ -50,6 +50,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--scenarios", nargs="+", default=None, metavar="NAME",
                     help="run only these scenarios (verify.forward.tier.SCENARIOS; default: all), e.g. "
                          "bounded bounded_large; the flag-off control runs the same ones")
+    ap.add_argument("--arm-scenarios", nargs="+", default=[], metavar="ARM=NAMES",
+                    help="per arm, instead of --scenarios: ARM=NAME[,NAME...], ARM an arm name or PROFILE:ARM, e.g. "
+                         "sm90:fp8/fused=bounded")
     ap.add_argument("--probe-only", action="store_true")
     ap.add_argument("--baseline-tree", type=Path, default=None,
                     help=("an unpatched upstream python/ dir: the flag-off arm must select the same slots and leave the same "
@@ -241,6 +244,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     arms_meta: list[dict[str, Any]] = []
     baseline: dict[str, Any] = {}
+    per_arm: dict[str, list[str]] = {}
+    for entry in args.arm_scenarios:
+        arm_name, sep, names = entry.partition("=")
+        if not sep or not names:
+            raise SystemExit(f"--arm-scenarios {entry!r}: expected ARM=NAME[,NAME...]")
+        per_arm[arm_name] = names.split(",")
+        _sizes(args.quick, per_arm[arm_name])  # refuses unknown names
     for profile in profiles:
         tilelang_note = _tilelang_for(profile)
         specs = arm_specs(tuple(args.formats), tuple(args.compressors), mtp=not args.no_mtp,
@@ -253,13 +263,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SystemExit(f"unknown arm(s) {sorted(unknown)}; known: {sorted(known)}")
             specs = [sp for sp in every if sp.name in args.arms or f"{profile}:{sp.name}" in args.arms]
         for spec in specs:
+            scenarios = per_arm.get(f"{profile}:{spec.name}", per_arm.get(spec.name, args.scenarios))
+            arm_sizes = _sizes(args.quick, scenarios)
             with P.applied(profile) as applied:
-                print(f"=== {profile} {spec.name}", flush=True)
-                arm = run_arm(applied, spec, sizes)
+                print(f"=== {profile} {spec.name}" + (f" (scenarios {', '.join(scenarios)})" if scenarios else ""),
+                      flush=True)
+                arm = run_arm(applied, spec, arm_sizes)
             rows = [asdict(r) for r in arm.results]
             results += rows
             arms_meta.append({
-                "profile": profile, "arm": spec.name, "steps": len(rows),
+                "profile": profile, "arm": spec.name, "steps": len(rows), "scenarios": scenarios or "all",
                 "failed": sum(r["status"] == "fail" for r in rows), "errors": sum(r["status"] == "error" for r in rows),
                 "scorers": sorted({x for r in rows for x in r["scorer"]}), "topks": sorted({x for r in rows for x in r["topk"]}),
                 "replaced": arm.rig.replaced + ([stand_in] if stand_in else []) + ([tilelang_note] if tilelang_note else [])
@@ -270,12 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if r["status"] != "pass":
                     print(f"  {r['status'].upper()} {r['scenario']} {r['run']} {r['label']}: {r['detail'][:300]}", flush=True)
             if args.baseline_tree is not None and spec.fmt == "fp8" and spec.compressor == "fused" and not spec.draft_tokens:
-                def rerun_patched(spec: Any = spec, profile: str = profile) -> Any:
+                def rerun_patched(spec: Any = spec, profile: str = profile, arm_sizes: Any = arm_sizes) -> Any:
                     with P.applied(profile) as again:
-                        return run_arm(again, spec, sizes)
+                        return run_arm(again, spec, arm_sizes)
 
                 baseline[profile] = compare_with_baseline(arm, args.baseline_tree, profile, args.quick, out,
-                                                          tilelang_note, rerun_patched, args.scenarios)
+                                                          tilelang_note, rerun_patched, scenarios)
                 print(f"  flag off vs unpatched tree: {baseline[profile]['status']}: {baseline[profile]['detail']}", flush=True)
             # written after every arm: a run cut off at its time limit keeps what it measured
             _write(out, arms_meta, results, baseline, sizes)
