@@ -24,7 +24,8 @@
 # deepgemm builds DeepGEMM from the source bundle .whl/dg (verify/gpu/fetch_deepgemm.sh; carry it
 # in the call that runs the stage) into /tmp/bf16k-deepgemm and runs the checks on its first call
 # (DEEPGEMM_TESTS="tests/test_attention.py" adds DeepGEMM's own tests; DEEPGEMM_CXX=g++ a second
-# build linked by that compiler, run without the preload). With USE_DEEPGEMM=1 the
+# build linked by that compiler, run without the preload; DEEPGEMM_CHECKS=0 only the build and the
+# preloaded call the later stages rely on, without the crash diagnostics). With USE_DEEPGEMM=1 the
 # later stages put that build on the path, with the system g++'s libstdc++ preloaded, so the tests,
 # tier 2 and the forward tier use the real DeepGEMM instead of the Triton twin stand-in.
 set -uo pipefail
@@ -271,6 +272,14 @@ stage_deepgemm() {  # DeepGEMM built from the carried source (.whl/dg, verify/gp
   cat "$src/BF16K_PINS"
   export PYTHONPATH=$src${PYTHONPATH:+:$PYTHONPATH} DG_JIT_CACHE_DIR=$DEEPGEMM_JIT
   local T='import torch,deep_gemm;cl=torch.full((4,1),300,dtype=torch.int32,device="cuda");m=deep_gemm.get_paged_mqa_logits_metadata(cl,64,deep_gemm.get_num_sms());torch.cuda.synchronize();print("metadata",m[:3].tolist())'
+  if [ "${DEEPGEMM_CHECKS:-1}" = 0 ]; then
+    # The crash is settled (session 8: a static libstdc++ in the extension; the preload cures it):
+    # the build, and the one call the later stages rely on, with the preload they use.
+    echo "--- the metadata call with the system g++'s libstdc++ preloaded (DEEPGEMM_CHECKS=0: checks 1-4 left out)"
+    LD_PRELOAD=$(deepgemm_libstdcxx) timeout 120 "$PY" -c "$T"; local rc=$?
+    echo "exit $rc"
+    return $rc
+  fi
   echo "--- 1. the metadata call, JIT debug output unbuffered"
   DG_JIT_DEBUG=1 PYTHONFAULTHANDLER=1 timeout 120 stdbuf -o0 -e0 "$PY" -c "$T"; echo "exit $?"
   echo "--- 2. the JIT cache after it"
@@ -357,7 +366,7 @@ for s in "${stages[@]}"; do
     install|setup|tests|tier1|tier1_read|tier2|forward|diagnose|bench|ncu|deepgemm)
       limit_var=TIMEOUT_$s
       export -f "stage_$s" with_tree deep_gemm_is_real baseline_tree deepgemm_libstdcxx assemble_parts
-      export ROOT RES LOGS SITE PARTS DEEPGEMM_SRC DEEPGEMM_JIT PY USE_DEEPGEMM DEEPGEMM_CXX DEEPGEMM_TESTS_TIMEOUT TIER2_ARGS TIER2_PLATFORMS TIER2_ARGS_sm90 TIER2_ARGS_sm120 TIER2_ARGS_auto BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS DEEPGEMM_TESTS
+      export ROOT RES LOGS SITE PARTS DEEPGEMM_SRC DEEPGEMM_JIT PY USE_DEEPGEMM DEEPGEMM_CXX DEEPGEMM_TESTS_TIMEOUT TIER2_ARGS TIER2_PLATFORMS TIER2_ARGS_sm90 TIER2_ARGS_sm120 TIER2_ARGS_auto BENCH_ARGS NCU_ARGS TEST_FILES FORWARD_ARGS FORWARD_NAME FORWARD_BASELINE DIAGNOSE_PLATFORMS DEEPGEMM_TESTS DEEPGEMM_CHECKS
       log=$LOGS/$s.log n=2
       while [ -e "$log" ]; do log=$LOGS/$s-$n.log; n=$((n + 1)); done  # a stage run twice keeps both logs
       timeout "${!limit_var:-$STAGE_TIMEOUT}" bash -c "stage_$s" > >(tee "$log") 2>&1; rc=$? ;;
