@@ -19,8 +19,15 @@ output (a CUDA graph's capture width: the length-aware split against the best fi
 as the indexer calls it, ``clean_logits=False``), prefill chunks (rows = the query tokens of one
 request with causal lengths, one shared table), and, in ``verify.bench.read_scenarios``, MTP
 verify (2 rows per request in groups against 1 row) and long prefill (one request of 8K-128K
-tokens against the fp8 paths and their physical floors). Times are medians of
-CUDA-graph replays (``verify.bench.timing``: calls captured back to back over enough replicas of
+tokens: the series' prefill kernel ``bf16_mqa_logits`` as the dispatch runs it, a sweep of its
+configs (``--prefill-configs``), the paged kernel one row at a time, the fp8 twin, TileLang and
+DeepGEMM's non-paged ``fp8_mqa_logits``, against the physical floors and the same run's dense
+matmul rates, with issue 25's targets per length). ``compile`` (first, in fresh processes:
+``verify.bench.compile_cost``): the kernel variants the scorers compile at CUDA-graph capture of
+upstream's default batch sizes and in eager prefill, and their time, cold and on warm JIT caches,
+bf16 beside upstream's fp8 path. The run also times ``torch.matmul`` (bf16) and
+``torch._scaled_mm`` (fp8) at 8192^3 and the device copy: the roofs the figures are read against.
+Times are medians of CUDA-graph replays (``verify.bench.timing``: calls captured back to back over enough replicas of
 the keys that each call starts with a cold L2, as in a model step; a decode kernel of a few
 microseconds timed eagerly measures Python's launch, not the GPU); ``--timing eager`` uses
 ``triton.testing.do_bench`` (L2 cleared before every run) instead. Bytes are the keys a row-by-row read
@@ -29,7 +36,8 @@ most reads hit L2 and "% of HBM" exceeds what HBM could do alone -- the unique k
 reported beside it. Peak extra memory is ``max_memory_allocated`` over the call minus what was
 allocated before it (the logits included; "beyond" subtracts them).
 
-Writes ``DIR/bench_read.json`` and ``DIR/bench_read.csv``; prints the table last.
+Writes ``DIR/bench_read.json`` and ``DIR/bench_read.csv`` (``DIR/bench_compile.json`` for the
+compile section); prints the tables last.
 ``--dry-run`` lists shapes and memory estimates without a GPU.
 """
 

@@ -578,7 +578,7 @@ SCENARIOS = ("stale", "chunked", "oneshot", "pd", "boundaries", "mixed", "decode
              "bounded_large", "mtp")
 QUICK = Sizes(stale=600, chunked=(3002, 1024), oneshot=(2100,), boundaries=(2048,), residues=(1201, 1202),
               chunk_sizes=(1024,), mixed_chunk=300, decode_steps=5, graph_steps=2, long=None, mtp_prefill=1500, mtp_steps=2,
-              pd=1200, bounded=(8192, 4096, 4096), bounded_large=None)
+              pd=1200, bounded=(8192, 8192, 4096), bounded_large=None)
 
 
 def prefill(arm: Arm, scenario: str, req: Request, total: int, chunk: int | None) -> None:

@@ -644,9 +644,10 @@ class Suite:
             case.q, kv, case.weights, case.ks, case.ke, case.max_seqlen_k, page_table=table,
             clean_logits=clean_logits)
 
-    def mqa_block_k(self, config: Any = None) -> int:
+    def mqa_block_k(self, config: Any = None, heads: int = 64) -> int:
+        """The key tile of ``config``, or of the config the module selects on this device."""
         module = self.prefill_module
-        used = config or module.select_prefill_config(module._device_shared_memory(self.s.device), 64)
+        used = config or module.select_prefill_config(module._device_shared_memory(self.s.device), heads)
         return int(used.block_k)
 
     def mqa_both(self, case: PrefillCase, config: Any = None, what: str = "") -> CheckResult:
@@ -657,7 +658,7 @@ class Suite:
             lean = self.mqa(case, config=config)
             clean = self.mqa(case, clean_logits=True, config=config)
         ref = mqa_oracle_logits(case)
-        owned = mqa_owned(case.ks, case.ke, case.max_seqlen_k, self.mqa_block_k(config)).to(lean.device)
+        owned = mqa_owned(case.ks, case.ke, case.max_seqlen_k, self.mqa_block_k(config, case.heads)).to(lean.device)
         metrics = compare(torch.where(owned, lean, ref.to(lean.device)), ref)
         metrics["clean_logits_true"] = compare(clean, ref)
         metrics["unwritten_stay_nan"] = bool(torch.isnan(lean[~owned]).all())
