@@ -103,8 +103,10 @@ stage_setup() {
   "$PY" -m bf16k build || return 1
   USE_DEEPGEMM=0 with_tree || return 1  # DeepGEMM, if asked for, is built after setup
   "$PY" -c "import sglang.srt.mem_cache.deepseek_v4_memory_pool, sglang.srt.layers.attention.dsv4.compressor_v2, sglang.srt.layers.attention.dsv4.indexer; print('pool, compressor and indexer modules import')" || echo "WARNING: upstream modules do not import; pool-level checks will error"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$LOGS/gpu.csv"
-  "$PY" - > "$LOGS/env.json" <<'EOF'
+  # In the packed results, not beside them: the device tool returns at most 8 files from $OUT.
+  mkdir -p "$RES/logs"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$RES/logs/gpu.csv"
+  "$PY" - > "$RES/logs/env.json" <<'EOF'
 import json, platform, torch, triton
 print(json.dumps({"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
                   "gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability()}))
