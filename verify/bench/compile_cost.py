@@ -362,7 +362,7 @@ def child_env(cache: Path) -> dict[str, str]:
     return env
 
 
-def run_passes(out: Path, cache: Path, timeout: float = 420.0) -> dict[str, Any]:
+def run_passes(out: Path, cache: Path, timeout: float = 150.0) -> dict[str, Any]:
     """The cold pass, then the warm one, each in its own process (the bench calls this); returns
     ``{"cold": ..., "warm": ...}`` (a pass that failed holds its error) and writes
     ``out/bench_compile.json``."""
