@@ -167,3 +167,29 @@ def test_the_summary_lists_the_bounded_steps() -> None:
     step["selection"] = []
     md = summary_markdown([step], [], {})
     assert "## Logits under a memory budget" in md and "| sm120 | bf16/fused | x | paged | 40.0 | 256.0 | 8 |" in md
+
+
+@pytest.mark.parametrize("profile", ["sm120", "sm90"])
+def test_under_a_profile_bf16_is_chunked_by_the_budget_without_a_schedule(profile, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What the bounded scenario asserts on the GPU, on upstream's metadata builder itself under
+    the profile's hook env (sm120: SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1, whose fp8 path plans no
+    chunks): with a budget (a CPU has none, so it is handed one here) bf16 rows are chunked and no
+    DeepGEMM schedule is built."""
+    from verify import platform as P
+
+    with P.applied(profile) as applied:
+        from sglang.srt.layers.attention.dsv4.metadata import PagedIndexerMetadata
+
+        monkeypatch.setattr(PagedIndexerMetadata, "_mqa_logits_budget", lambda self, num_rows: 16 * MIB)
+        rows, pages = 8192, 32  # 8192 rows x 2048 keys: 64 MiB of logits in one piece
+        table = torch.zeros(rows, pages, dtype=torch.int32)
+        lens = torch.full((rows,), 2048, dtype=torch.int32)
+        bf16 = PagedIndexerMetadata(page_size=256, compressed_page_size=64, page_table=table, compressed_seq_lens=lens,
+                                    use_topk_v2=False, index_k_format="bf16")
+        assert bf16.deep_gemm_metadata is None and bf16.rows_per_chunk == 16 * MIB // (2048 * 4)
+        assert bf16.mqa_logits_budget_bytes == 16 * MIB
+        if profile == "sm120":
+            assert applied.hook_env["SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"] == "True"
+            fp8 = PagedIndexerMetadata(page_size=256, compressed_page_size=64, page_table=table,
+                                       compressed_seq_lens=lens, use_topk_v2=False, index_k_format="fp8")
+            assert fp8.deep_gemm_metadata is None and fp8.rows_per_chunk is None  # upstream's fp8 torch path
