@@ -225,35 +225,45 @@ def kernel_shared_memory(module: Any, name: str) -> Any:
 
 
 def _profile_shared_memory(name: str) -> tuple[Callable[[], None], list[str]]:
-    """Make patch 4's kernel module select ``name``'s launch configs: its per-device shared-memory
-    lookup answers with the profile's numbers (SHARED_MEMORY), where they differ from this GPU's.
-    Only on a CUDA machine (the module is imported for it; a CPU process may need it interpreted,
-    which an import here would settle too early) and only with a module that has the lookup.
-    Returns (undo, what was replaced, for the run's record)."""
+    """Make the series' kernel modules select ``name``'s launch configs: each one's per-device
+    shared-memory lookup (the paged kernel's and the prefill kernel's) answers with the profile's
+    numbers (SHARED_MEMORY), where they differ from this GPU's. Only on a CUDA machine (the modules
+    are imported for it; a CPU process may need them interpreted, which an import here would settle
+    too early) and only for a module that has the lookup. Returns (undo, what was replaced, for the
+    run's record)."""
     import torch
 
     if name not in SHARED_MEMORY or not torch.cuda.is_available():
         return (lambda: None), []
-    try:
-        module = importlib.import_module(FUNCTIONS["score_bf16"][0])  # the package the dispatch imports
-    except Exception:  # noqa: BLE001 -- no bf16 kernel in this tree (unpatched): nothing to select
-        return (lambda: None), []
-    lookup = getattr(module, "_shared_memory", None)
-    if lookup is None or not hasattr(module, "SharedMemory"):
-        return (lambda: None), []
-    profile = kernel_shared_memory(module, name)
-    local = lookup(torch.cuda.current_device())
-    if local == profile:
-        return (lambda: None), []
-    module._shared_memory = lambda index: profile
+    undo: list[Callable[[], None]] = []
+    notes: list[str] = []
+    for role, what in (("score_bf16", "the bf16 kernel's"), ("score_bf16_prefill", "the bf16 prefill kernel's")):
+        try:
+            module = importlib.import_module(FUNCTIONS[role][0])  # the package the dispatch imports
+        except Exception:  # noqa: BLE001, S112 -- no such kernel in this tree (unpatched, older series)
+            continue
+        lookup = getattr(module, "_shared_memory", None)
+        if lookup is None or not hasattr(module, "SharedMemory"):
+            continue
+        profile = kernel_shared_memory(module, name)
+        local = lookup(torch.cuda.current_device())
+        if local == profile:
+            continue
+        module._shared_memory = lambda index, profile=profile: profile
 
-    def undo() -> None:
-        module._shared_memory = lookup
+        def restore(module: Any = module, lookup: Any = lookup) -> None:
+            module._shared_memory = lookup
 
-    note = (f"the bf16 kernel's shared-memory lookup answers with {name}'s ({profile.per_block} B a "
-            f"program, {profile.per_sm} B an SM; this GPU has {local.per_block} and {local.per_sm}), "
-            "so it selects that GPU's launch configs")
-    return undo, [note]
+        undo.append(restore)
+        notes.append(f"{what} shared-memory lookup answers with {name}'s ({profile.per_block} B a program, "
+                     f"{profile.per_sm} B an SM; this GPU has {local.per_block} and {local.per_sm}), so it selects "
+                     "that GPU's launch configs")
+
+    def undo_all() -> None:
+        for fn in reversed(undo):
+            fn()
+
+    return undo_all, notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,6 +310,7 @@ FUNCTIONS: dict[str, tuple[str, str]] = {
     "compress": ("sglang.kernels.ops.attention.dsv4.compress", "compress_forward"),
     "compress_store": ("sglang.kernels.ops.attention.dsv4.compress", "compress_norm_rope_store"),
     "score_bf16": ("sglang.kernels.ops.attention.dsv4.bf16_index_logits", "bf16_paged_mqa_logits"),
+    "score_bf16_prefill": ("sglang.kernels.ops.attention.dsv4.bf16_mqa_logits", "bf16_mqa_logits"),
     "score_tilelang": ("sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits"),
     "score_torch": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch"),
     "score_torch_sm120": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch_sm120"),

@@ -108,7 +108,7 @@ def test_compare_with_baseline_reruns_the_patched_arm_only_where_the_unpatched_c
         return SimpleNamespace(selections=r["selections"], pool_digest=r["pool_digest"], step_status=r["step_status"])
 
     runs = {"": record([[0, 1, 2], [3, 4, 6]]), "-control": record([[0, 1, 2], [3, 4, 6]])}
-    monkeypatch.setattr(cli, "_run_baseline", lambda tree, profile, quick, out, tag: runs[tag])
+    monkeypatch.setattr(cli, "_run_baseline", lambda tree, profile, quick, out, tag, scenarios=None: runs[tag])
     reruns = []
 
     def rerun():

@@ -224,3 +224,81 @@ def test_the_mtp_sweep_table_lists_every_config_per_shape(tmp_path: Path) -> Non
     bench.write_outputs(tmp_path, {"gpu": "x"}, [], [MtpResult(8, 32768, 2, 0, one_row={"ms": 0.02}, grouped={"ms": 0.024})])
     assert "not measured" in report.mtp_sweep_table(report.load(tmp_path))[0]
     assert figures.mtp_sweep(tmp_path / "nowhere").startswith("_Not measured yet")
+
+
+def test_speed_report_renders_the_prefill_kernel_its_targets_and_the_compile_cost(tmp_path: Path) -> None:
+    """A run with the series' prefill kernel on the long prefill (and its sweep, DeepGEMM, the same
+    run's dense matmul rate) and the compile section: the long-prefill table gains effective
+    TFLOP/s, % of the dense rate and the ratio to DeepGEMM; the targets say met or missed per
+    length; the compile table puts fp8 beside bf16, cold beside warm."""
+    import json
+
+    from verify.bench import read as bench
+    from verify.bench import report
+    from verify.bench.read_scenarios import LongPrefillResult, prefill_floors
+
+    def long(tokens: int, bf16_ms: float, dg_ms: float | None) -> LongPrefillResult:
+        keys = tokens // 4
+        lengths = [max(1, (p + 1) // 4) for p in range(tokens)]
+        cfg = {"block_k": 256, "block_r": 128, "rows_per_dot": 1, "num_warps": 8, "num_stages": 3,
+               "keys_in_registers": False, "upcast_q": False, "maxnreg": None}
+        return LongPrefillResult(
+            tokens, keys, tokens,
+            arms={"bf16": {"ms": 3 * bf16_ms}, "bf16_prefill": {"ms": bf16_ms, "config": cfg},
+                  "fp8_twin": {"ms": 2 * bf16_ms}, "deepgemm_nonpaged": {"ms": dg_ms}},
+            floors=prefill_floors(lengths, keys, 64), dispatch_arm="bf16_prefill",
+            prefill_sweep=[{"ms": 0.9 * bf16_ms, "config": {**cfg, "block_r": 64}},
+                           {"ms": None, "error": "disagrees with the default", "config": cfg}],
+            dense_bf16_tflops=770.0,
+        )
+
+    flops32 = prefill_floors([max(1, (p + 1) // 4) for p in range(32768)], 8192, 64)["flops"]
+    runs = [long(8192, 0.30, 0.16), long(32768, flops32 / 650e12 * 1e3, 2.12), long(131072, 70.0, 37.45)]
+    meta = {"gpu": "NVIDIA H200", "triton": "3.6.0", "dense_matmul": {"n": 8192, "bf16_tflops": 770.0, "fp8_tflops": 1400.0}}
+    bench.write_outputs(tmp_path, meta, [], None, runs)
+    phases = [{"name": "capture", "format": "bf16", "calls": 52, "variants": {"bf16_paged_mqa_logits": 3},
+               "variants_total": 3, "seconds_total": 9.5, "seconds_in_compiling_calls": 9.0, "error": None},
+              {"name": "capture", "format": "fp8", "calls": 52, "variants": {"DG_JIT_CACHE_DIR": 1, "SGLANG_JIT_CACHE_DIR": 1},
+               "variants_total": 2, "seconds_total": 31.0, "seconds_in_compiling_calls": 30.0, "error": None}]
+    warm = [{**p, "seconds_total": p["seconds_total"] / 10} for p in phases]
+    (tmp_path / "bench_compile.json").write_text(json.dumps({
+        "cold": {"phases": phases, "capture_sizes": list(range(52)), "mtp_capture_sizes": []},
+        "warm": {"phases": warm}}))
+    text = report.render(report.load(tmp_path))
+    flat = " ".join(text.split())
+    assert "dense bf16 matmul (`torch.matmul` 8192^3): 770 TFLOP/s" in flat and "fp8 (`torch._scaled_mm`): 1,400" in flat
+    # 32K: 650 TFLOP/s = 84% of the dense rate; DeepGEMM 2.12 ms
+    assert f"| 32,768 | {flops32 / 650e12 * 1e3:,.2f} | 650 | 84 |" in text
+    assert "| 256/r64/w8/s3 |" in text  # the best swept config
+    assert "long prefill >= 600 TFLOP/s effective (causal FLOPs; the same run's dense bf16 matmul: 770 TFLOP/s): " \
+           "32,768: 650 met; 131,072: 503 MISSED" in flat
+    assert "8,192: 1.88x (<= 2.0) met; 32,768: 1.60x (<= 1.7) met; 131,072: 1.87x (<= 1.7) MISSED" in flat
+    assert "long prefill within 1.2x" not in flat  # the old target is not this run's
+    assert "| graph capture, 52 decode batch sizes | bf16 | 52 | bf16_paged_mqa_logits 3 | 9.0 | 9.5 | 0.9 |" in text
+    assert "| graph capture, 52 decode batch sizes | fp8 | 52 | DG_JIT_CACHE_DIR 1, SGLANG_JIT_CACHE_DIR 1 | 30.0 | 31.0 | 3.1 |" in text
+
+
+def test_compile_cost_pieces_on_cpu(tmp_path: Path) -> None:
+    """verify.bench.compile_cost without a GPU: upstream's own default capture sizes (an H200 server
+    at tp 8; with MTP its speculative list), a phase's summary, the JIT cache artifact count and
+    the table."""
+    from verify.bench import compile_cost as cc
+
+    sizes, spec = cc.capture_sizes(), cc.capture_sizes(speculative=True)
+    assert sizes[:6] == [1, 2, 4, 8, 12, 16] and sizes[-1] == 512 and len(sizes) == 52
+    assert spec[:9] == [1, 2, 3, 4, 5, 6, 7, 8, 10] and spec[-1] == 512
+    phase = cc.Phase("capture", "bf16", [cc.Call("bs=1", 2.0, {"k": 1}), cc.Call("bs=2", 0.01, {}),
+                                         cc.Call("bs=256", 1.5, {"k": 1})])
+    s = phase.summary()
+    assert s["variants"] == {"k": 2} and s["compiling_calls"] == ["bs=1", "bs=256"]
+    assert s["seconds_in_compiling_calls"] == 3.5 and s["seconds_total"] == 3.51
+    (tmp_path / "a" / "kernel.x").mkdir(parents=True)
+    (tmp_path / "a" / "kernel.x" / "kernel.cubin").write_bytes(b"")
+    (tmp_path / "a" / "m.so").write_bytes(b"")
+    (tmp_path / "a" / "m.cu").write_text("")
+    assert cc.count_artifacts(tmp_path / "a") == 2 and cc.count_artifacts(tmp_path / "none") == 0
+    env = cc.child_env(tmp_path)
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "triton_cache_dir")
+    text = cc.table({"cold": {"phases": [{"name": "capture", "format": "bf16", **s}], "fp8": "not run: no DeepGEMM"},
+                     "warm": {"error": "exit 1"}})
+    assert "capture" in text and "not run: no DeepGEMM" in text and "warm pass: exit 1" in text

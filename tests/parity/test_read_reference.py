@@ -1,7 +1,10 @@
-"""CPU tests of the read-parity suite's and read bench's pure-torch pieces, plus the two Triton
-kernels under the interpreter: the oracle, calc_diff, the fp8 page packing of the twin against
-upstream's own fp8 reader and layout, the naive gather, and (interpreted) the patched bf16
-kernel and the fp8 twin at small sizes.
+"""CPU tests of the read-parity suite's and read bench's pure-torch pieces: the oracles (the paged
+kernel's and the prefill kernel's), calc_diff, the fp8 page packing of the twin against upstream's
+own fp8 reader and layout, the naive gather, the fp8 twin under the interpreter, the bf16 kernels'
+launch logic (the refusal of grouped static-split launches) and, with torch stand-ins for the bf16
+kernels (tests/parity/kernel_stand_ins.py), tier 1's and the bench's own code: the bf16 kernels
+cannot run on a CPU (the interpreter misreads bf16; they carry no interpreter branch), so their
+numerics are GPU checks.
 
 Needs the patched upstream on the path:
     PYTHONPATH=/work/main:<patched tree>/python python -m pytest tests/parity/test_read_reference.py
@@ -11,7 +14,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -210,19 +212,6 @@ def test_fp8_twin_matches_dequantized_oracle(swap_ab: bool) -> None:
     _check(out, ref)
 
 
-@requires_interpreter
-def test_bf16_kernel_matches_oracle() -> None:
-    module = _upstream("kernel")
-    if not getattr(module, "_INTERPRETED", False):
-        pytest.skip("kernel module was imported before TRITON_INTERPRET=1 was set")
-    case = make_read_case(LENGTHS, seed=8)
-    out = module.bf16_paged_mqa_logits(
-        case.q, case.pool_view(), case.weights, case.seq_lens, case.page_table, None, case.max_seq_len
-    )
-    ref = oracle_logits(case.q, case.pool, case.weights, case.seq_lens, case.page_table, case.max_seq_len)
-    _check(out, ref)
-
-
 # ------------------------------------------------------------- suite drivers
 
 
@@ -267,78 +256,144 @@ def test_bench_shapes_and_report(tmp_path) -> None:  # type: ignore[no-untyped-d
 
 @requires_interpreter
 def test_parity_suite_smoke_on_cpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The GPU suite's own code paths, interpreted at small sizes (graph and memory checks skip)."""
+    """The GPU suite on a CPU: the launch-logic check and the fp8 twin (interpreted) run and pass;
+    every check that runs a bf16 kernel skips, saying why (none of them may pass on a CPU)."""
     import json
 
     from verify.parity import read as parity
 
-    module = _upstream("kernel")
-    if not getattr(module, "_INTERPRETED", False):
-        pytest.skip("kernel module was imported before TRITON_INTERPRET=1 was set")
+    _upstream("kernel")
     code = parity.main(["--device", "cpu", "--small", "--out", str(tmp_path), "--heads", "32"])
     payload = json.loads((tmp_path / "read.json").read_text())
     statuses = {r["name"]: r["status"] for r in payload["results"]}
     assert code == 0, statuses
-    assert statuses["cuda_graph"] == "skip" and statuses["extra_memory"] == "skip"
-    assert statuses["oracle[q=fp8,H=32]"] == "pass" and statuses["fp8_twin_vs_upstream_torch"] == "pass"
-    # The kernel's group mode (MTP verify rows) and clean_logits, interpreted.
-    for name in ("group_rows[G=2]", "group_rows[G=4]", "group_rows_batch", "group_rows_static_split", "clean_logits",
-                 "group_rows[G=4,sm120 config]"):
-        assert statuses[name] == "pass", name
-    # Groups of 4 under the config each GPU's shared memory selects: Hopper's here (the interpreter
-    # stands in for an H100 / H200), sm_120's run on this device as its own check.
-    configs = {r["name"]: r["details"]["config"]["num_stages"] for r in payload["results"]
-               if r["name"].startswith("group_rows[G=4")}
-    assert configs == {"group_rows[G=4]": 3, "group_rows[G=4,sm120 config]": 2}
-    assert "group_rows[G=2,sm120 config]" not in statuses  # the same config as Hopper's
-    batch = next(r for r in payload["results"] if r["name"] == "group_rows_batch")["details"]
-    assert batch["rows"] == 2 * 8 - 1  # eight requests' verify rows, the last group partial
-    static = next(r for r in payload["results"] if r["name"] == "group_rows_static_split")["details"]
-    assert static["refused"] and set(static["refused"].values()) == {"refused"}
-    clean = next(r for r in payload["results"] if r["name"] == "clean_logits")["details"]
-    assert clean["plain_positions_left_unwritten"] > 0 and clean["groups_of_2_positions_left_unwritten"] > 0
+    ran = {n for n, st in statuses.items() if st != "skip"}
+    assert ran == set(parity.CPU_CHECKS) and all(statuses[n] == "pass" for n in ran), statuses
+    assert {"group_rows[G=2]", "clean_logits", "mqa_oracle[q=fp8,H=32]", "mqa_chunk_boundaries", "mqa_empty_rows",
+            "mqa_vs_paged"} <= set(statuses)
+    skipped = [r for r in payload["results"] if r["status"] == "skip"]
+    assert all("misreads bf16" in r["summary"] or "GPU" in r["summary"] for r in skipped)
+    refused = next(r for r in payload["results"] if r["name"] == "group_rows_static_refused")["details"]
+    assert set(refused["refused"].values()) == {"refused before launch"} and len(refused["refused"]) == 4
+    assert refused["control_default_config_grouped"] == "launched"
+    assert "group_rows_static_split" not in statuses  # the mode is gone from the kernel
 
 
-def test_read_kernels_compile_for_each_gpu() -> None:
-    """The Triton kernels compile for sm_90, sm_100 and sm_120 under the installed Triton (no GPU
-    needed), each with the configs the kernel module selects for that GPU's shared memory: every
-    production variant fits what one program may use there and runs on its tensor cores; on sm_90
-    the key loop keeps tiles in flight and nothing spills. Groups of 4 at the decode config's
-    stages, what the module selected before it chose by shared memory, do not fit sm_120's 99 KB.
-    A subprocess, because this module runs the kernels interpreted."""
-    import json
-    import subprocess
-    import sys
-    import tempfile
+def test_grouped_static_launches_are_refused_before_launch() -> None:
+    """The kernel module's launch logic (no kernel runs): groups need the length-aware split, so a
+    static config, a config without it and the prefill config are refused with an AssertionError
+    before the launch, as are more rows than the length-aware split reads; one row per program
+    under a static config and groups under the default config get through to the launch."""
+    from dataclasses import replace
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "compile.json"
-        proc = subprocess.run(
-            [sys.executable, "-W", "ignore", "-m", "verify.bench.read_compile", "--out", str(out)],
-            check=False,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if proc.returncode != 0 and "UpstreamMissing" in proc.stderr:
-            pytest.skip("patched upstream not on PYTHONPATH")
-        assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
-        reports = json.loads(out.read_text())["reports"]
-    production = [r for r in reports if r["production"]]
-    # Per GPU: decode length-aware with and without the tail fill, MTP groups of 2 and 4, prefill,
-    # bf16 q with 32 heads; and the fp8 twin on sm_90.
-    assert sorted(r["target"] for r in production) == ["sm100"] * 6 + ["sm120"] * 6 + ["sm90"] * 7
-    assert all(r["ok"] and r["shared_bytes"] <= r["shared_limit"] for r in production), proc.stdout
-    sm90 = [r for r in production if r["target"] == "sm90"]
-    assert all(r["tensor_core"] and r["spill_bytes"] == 0 and r["loop_waits"][0] in (1, 2) for r in sm90)
-    stages = {(r["target"], r["variant"]): r["config"]["num_stages"] for r in production}
-    assert stages[("sm90", "MTP verify, groups of 4")] == 3 and stages[("sm120", "MTP verify, groups of 4")] == 2
-    before = {r["target"]: r for r in reports if not r["production"]}
-    assert set(before) == {"sm90", "sm100", "sm120"}
-    assert before["sm120"]["shared_bytes"] > before["sm120"]["shared_limit"]
-    assert before["sm90"]["shared_bytes"] <= before["sm90"]["shared_limit"]
+    from verify.parity.read import _claims_cuda, _LaunchRecorder
+    from verify.parity.read_reference import make_group_case, verify_lengths
+
+    module = _upstream("kernel")
+    case, _ = make_group_case(verify_lengths([65, 129], 2), 2, poison_others=False, seed=1)
+    args = [_claims_cuda(t) for t in (case.q, case.pool_view(), case.weights, case.seq_lens, case.page_table)]
+    launched: list = []
+    real = module._bf16_paged_mqa_logits_kernel
+    module._bf16_paged_mqa_logits_kernel = _LaunchRecorder(launched)
+    try:
+        static = module.Bf16IndexLogitsConfig(block_n=64, split_n=128)
+        for config in (static, replace(module.CONFIGS["decode"], length_aware=False), module.CONFIGS["prefill"]):
+            with pytest.raises(AssertionError, match="length-aware only"):
+                module.bf16_paged_mqa_logits_with_config(*args, case.max_seq_len, config, group_rows=2)
+        assert launched == []
+        module.bf16_paged_mqa_logits_with_config(*args, case.max_seq_len, static)  # one row per program
+        module.bf16_paged_mqa_logits_with_config(*args, case.max_seq_len, None, group_rows=2)
+        assert len(launched) == 2
+    finally:
+        module._bf16_paged_mqa_logits_kernel = real
+
+
+# ------------------------------------------------- the prefill kernel's oracle and the checks
+
+
+def test_prefill_case_layout_and_poison() -> None:
+    from verify.parity.read_reference import make_prefill_case, pages_for
+
+    case = make_prefill_case(causal_lengths(64, 100), seed=3)
+    assert case.q.shape == (64, 64, 128) and case.page_table.dim() == 1 and case.n_keys == 100
+    assert case.max_seqlen_k == pages_for(100) * PAGE  # the request's keys rounded up to a page, as upstream
+    last = int(case.page_table[pages_for(100) - 1])
+    assert torch.isnan(case.pool[last, 100 % PAGE :].float()).all()  # the last page's tail
+    assert not torch.isnan(case.pool[last, : 100 % PAGE].float()).any()
+    assert torch.isnan(case.pool[case.poison_page].float()).all() and int(case.page_table[-1]) == case.poison_page
+    assert torch.equal(case.keys(), case.pool[case.page_table[:2].long()].reshape(-1, 128)[:100])
+    paged = case.paged_rows()
+    assert paged.page_table.shape == (64, case.page_table.shape[0]) and torch.equal(paged.seq_lens, case.ke)
+
+
+def test_prefill_oracle_matches_the_paged_oracle_and_honours_ks() -> None:
+    from verify.parity.read_reference import make_prefill_case, mqa_oracle_logits, mqa_owned
+
+    ke = causal_lengths(40, 130)
+    case = make_prefill_case(ke, heads=32, q_dtype=torch.bfloat16, seed=4)
+    got = mqa_oracle_logits(case, row_block=7, key_chunk=50)
+    paged = case.paged_rows()
+    want = oracle_logits(paged.q, case.pool, case.weights, case.ke, paged.page_table, case.max_seqlen_k)
+    assert torch.equal(torch.isfinite(got), torch.isfinite(want))
+    finite = torch.isfinite(want)
+    assert torch.allclose(got[finite], want[finite], rtol=1e-6, atol=1e-5)
+    ks = [max(0, e - 20) for e in ke]
+    windowed = mqa_oracle_logits(case.with_ranges(torch.tensor(ks), case.ke))
+    cols = torch.arange(case.max_seqlen_k)
+    inside = (cols[None, :] >= torch.tensor(ks)[:, None]) & (cols[None, :] < case.ke[:, None])
+    assert torch.equal(torch.isfinite(windowed), inside)
+    assert torch.equal(windowed[inside], got[inside])
+    # the positions clean_logits=False writes: whole 4-key tiles meeting [ks, ke), nothing for empty rows
+    owned = mqa_owned(torch.tensor([0, 5, 3, 9]), torch.tensor([3, 6, 3, 12]), 16, 4)
+    assert owned.int().tolist() == [[1, 1, 1, 1] + [0] * 12, [0, 0, 0, 0, 1, 1, 1, 1] + [0] * 8, [0] * 16,
+                                    [0] * 8 + [1] * 4 + [0] * 4]
+
+
+def _harness_suite(faults: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    """Tier 1's suite on a CPU with torch stand-ins for both bf16 kernels (kernel_stand_ins.py),
+    at small sizes: its checks' own logic, not the kernels."""
+    from tests.parity.kernel_stand_ins import paged_stand_in, prefill_stand_in
+    from verify.parity import read as parity
+
+    settings = parity.Settings(device=torch.device("cpu"), lengths=LENGTHS, heads=[32], reruns=3, seed=0,
+                               prefill=[(64, 16)], small=True, groups=[2], mqa_prefill=[(300, 90), (16, 200)],
+                               mqa_chunked=(400, 100))
+    suite = parity.Suite(settings)
+    suite.module = paged_stand_in(suite.module)
+    suite.kernel = suite.module.bf16_paged_mqa_logits
+    suite.prefill_module = prefill_stand_in(suite.prefill_module, faults, block_k=64)
+    return suite
+
+
+MQA_CHECKS = ("check_mqa_chunk_boundaries", "check_mqa_ks_window", "check_mqa_empty_rows", "check_mqa_input_forms",
+              "check_mqa_configs", "check_mqa_reruns", "check_mqa_vs_paged")
+
+
+def test_prefill_kernel_checks_pass_a_kernel_that_keeps_its_contract() -> None:
+    _upstream("kernel")
+    suite = _harness_suite()
+    results = {name: getattr(suite, name)() for name in MQA_CHECKS}
+    results["oracle"] = suite.check_mqa_oracle(torch.float8_e4m3fn, 32)
+    results["prefill"] = suite.check_mqa_prefill(16, 200)
+    bad = {k: r.summary for k, r in results.items() if r.status.value != "pass"}
+    assert not bad, bad
+    assert results["oracle"].details["positions_left_unwritten"] > 0  # the tiles a row does not read
+    chunks = results["check_mqa_chunk_boundaries"].details["chunks"]
+    assert len(chunks) >= 3 and chunks[0][0] == 0 and chunks[-1][1] == 400
+    assert results["check_mqa_chunk_boundaries"].details["tile_crossing_row"] in {c[0] for c in chunks}
+    assert results["check_mqa_empty_rows"].details["empty_rows"] > 0
+
+
+@pytest.mark.parametrize("fault, caught_by", [
+    ("one_key_past_ke", "check_mqa_chunk_boundaries"),
+    ("writes_everywhere", "check_mqa_empty_rows"),
+    ("ignores_ks", "check_mqa_ks_window"),
+])
+def test_prefill_kernel_checks_catch_a_kernel_that_breaks_it(fault: str, caught_by: str) -> None:
+    _upstream("kernel")
+    suite = _harness_suite((fault,))
+    assert getattr(suite, caught_by)().status.value == "fail"
+    assert suite.check_mqa_oracle(torch.bfloat16, 32).status.value == ("pass" if fault == "ignores_ks" else "fail")
 
 
 def test_prefill_floors_by_hand() -> None:
@@ -372,16 +427,18 @@ def test_verify_rows_share_the_request_table() -> None:
 
 @requires_interpreter
 def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The MTP and long-prefill benches' own code, each arm run once through the real kernels
-    (interpreted) instead of timed; their results, tables and files."""
+    """The MTP and long-prefill benches' own code, each arm run once instead of timed -- the fp8
+    twin interpreted, the bf16 kernels as torch stand-ins (they cannot run on a CPU); their results,
+    tables and files."""
     from types import SimpleNamespace
 
+    from tests.parity.kernel_stand_ins import paged_stand_in, prefill_stand_in
     from verify.bench import read as bench
     from verify.bench import read_scenarios as sc
+    from verify.parity.upstream_read import load_bf16_prefill_module
 
-    module = _upstream("kernel")
-    if not getattr(module, "_INTERPRETED", False):
-        pytest.skip("kernel module was imported before TRITON_INTERPRET=1 was set")
+    module = paged_stand_in(_upstream("kernel"))
+    prefill = prefill_stand_in(load_bf16_prefill_module()[0], block_k=64)
     ran: list[tuple[str, int]] = []
 
     def run_once(label: str, calls, args, config=None):  # type: ignore[no-untyped-def]
@@ -406,14 +463,31 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
     # the anchor is asked about the verify rows (2 per request); its reason is kept
     assert anchored == [4] and mtp.deepgemm and "not run" in mtp.deepgemm["error"]
     assert mtp.grouped_sweep == [] and mtp.grouped_best == mtp.grouped
+    # Without the prefill kernel (an older series): the paged kernel one row at a time is dispatched.
     # 128 tokens, 32 keys (a 128-key-wide output); chunks of 48 rows.
-    long = sc.run_long_prefill(128, module, args, run_once, device="cpu", chunk_bytes=48 * 128 * 4)
-    # the dispatch scores a prefill's rows one at a time (grouped rows need the length-aware split)
-    assert long.rows_per_chunk == 48 and long.dispatch_arm == "bf16"
-    assert {"bf16", "fp8_twin"} <= set(long.arms) and not any("grouped" in a for a in long.arms)
+    old = sc.run_long_prefill(128, module, args, run_once, device="cpu", chunk_bytes=48 * 128 * 4)
+    assert old.rows_per_chunk == 48 and old.dispatch_arm == "bf16" and "bf16_prefill" not in old.arms
+    # With it: the prefill kernel as the dispatch runs it, and its sweep (each config checked first).
+    args.prefill_configs = ["block_r=32", "rows_per_dot=2"]
+    args.dense_bf16_tflops = 700.0
+    monkeypatch.setattr(sc, "INDEX_TOPK", 16)  # rows of at most 16 keys get empty ranges (512 on a server)
+    long = sc.run_long_prefill(192, module, args, run_once, device="cpu", chunk_bytes=60 * 128 * 4,
+                               prefill_module=prefill)
+    assert long.dispatch_arm == "bf16_prefill" and {"bf16", "bf16_prefill", "fp8_twin"} <= set(long.arms)
+    assert not any("grouped" in a for a in long.arms)
     assert long.arms["tilelang"]["ms"] is None and "not run" in long.arms["tilelang"]["error"]
-    assert "ratio_dispatch_over_fp8_twin" in long.derived() and long.floors["fp8_nonpaged_ms"] > 0
-    assert "target MTP verify" in sc.mtp_table([mtp]) and "target long prefill" in sc.long_prefill_table([long])
+    assert [t["config"]["block_r"] for t in long.prefill_sweep] == [32, 64], long.prefill_sweep
+    assert all(t["ms"] for t in long.prefill_sweep), long.prefill_sweep
+    d = long.derived()
+    assert d["bf16_prefill_tflops"] == pytest.approx(long.floors["flops"] / (long.arms["bf16_prefill"]["ms"] * 1e-3) / 1e12)
+    assert d["bf16_prefill_pct_of_dense_bf16"] == pytest.approx(100 * d["bf16_prefill_tflops"] / 700.0)
+    assert "ratio_dispatch_over_fp8_twin" in d and long.floors["fp8_nonpaged_ms"] > 0
+    # rows of at most 512 keys get empty ranges, as upstream's plan gives them: fewer FLOPs dispatched
+    assert 0 < long.floors["flops_dispatch"] < long.floors["flops"]
+    assert "target MTP verify" in sc.mtp_table([mtp]) and "target long prefill" in sc.long_prefill_table([old])
+    table = sc.long_prefill_table([long])
+    assert "TFLOP/s effective" not in table  # 192 tokens: no target length
+    assert "vs DeepGEMM" not in table and "sweep block_r=32" in table
     bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [long])
     assert (tmp_path / "bench_mtp.csv").read_text().count("\n") == 2
     assert "ratio_grouped_over_one_row" in (tmp_path / "bench_mtp.csv").read_text()
@@ -465,17 +539,16 @@ def test_grouped_sweep_configs_are_length_aware_and_fit() -> None:
 
 @requires_interpreter
 def test_mtp_grouped_sweep_checks_then_times_each_config(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The grouped sweep through the real kernel (interpreted): every config's logits are
-    compared with the default's before it is timed, the split caps of the fastest follow, and
-    a config whose logits are wrong is reported, not timed."""
+    """The grouped sweep's code (the paged kernel as a torch stand-in, the fp8 twin interpreted):
+    every config's logits are compared with the default's before it is timed, the split caps of
+    the fastest follow, and a config whose logits are wrong is reported, not timed."""
     from types import SimpleNamespace
 
+    from tests.parity.kernel_stand_ins import paged_stand_in
     from verify.bench import read as bench
     from verify.bench import read_scenarios as sc
 
-    module = _upstream("kernel")
-    if not getattr(module, "_INTERPRETED", False):
-        pytest.skip("kernel module was imported before TRITON_INTERPRET=1 was set")
+    module = paged_stand_in(_upstream("kernel"))
     monkeypatch.setattr(sc, "GROUPED_SWEEP_SMALL", [(32, 4, 3, True), (64, 4, 3, False)])
     monkeypatch.setattr(sc, "GROUPED_SPLIT_CAPS", [1024])
     speed = {32: 0.002, 64: 0.003}

@@ -228,12 +228,12 @@ def test_worker_env_puts_the_chosen_tree_first_and_drops_other_sglang(
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(other), str(wheels)]))
-    monkeypatch.setenv("SGLANG_OPT_DSV4_UNFUSED_INDEX_K_STORE", "1")
+    monkeypatch.setenv("SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR", "1")
     env = store_baseline.worker_env(tmp_path / "base", tmp_path / "cache")
     parts = env["PYTHONPATH"].split(os.pathsep)
     assert parts[0] == str(tmp_path / "base") and str(other) not in parts and str(wheels) in parts
     assert env["SGLANG_JIT_CACHE_DIR"] == str(tmp_path / "cache")
-    assert "SGLANG_OPT_DSV4_UNFUSED_INDEX_K_STORE" not in env
+    assert "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR" not in env
     with pytest.raises(FileNotFoundError):
         store_baseline.run_worker(tmp_path / "nope", tmp_path / "i", tmp_path / "o", None, tmp_path / "log")
 

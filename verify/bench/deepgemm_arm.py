@@ -101,10 +101,13 @@ def nonpaged_prefill_call(
     keys: int,
     rows_per_chunk: int,
     twin: Callable[..., torch.Tensor],
+    empty_at_most: int = 0,
 ) -> tuple[Callable[[], None], float, int]:
     """A prefill's logits by the non-paged path (one request: its rows share its pages, which the
     longest row's page table lists in full), the agreement with the twin on the first and the
-    last chunk (the rows reading the fewest and the most keys), and the gathered copy's bytes."""
+    last chunk (the rows reading the fewest and the most keys), and the gathered copy's bytes.
+    ``empty_at_most``: rows of at most that many keys get an empty range (``ke = ks``), as
+    upstream's plan gives them with the sgl-kernel top-k (0: every row its keys)."""
     values, scales = unpack_fp8_pages(fp8_pool)
     longest = int(case.seq_lens.argmax())
     ids = case.page_table[longest, : pages_for(keys)].long()
@@ -112,7 +115,8 @@ def nonpaged_prefill_call(
     sf = scales[ids].reshape(-1)[:keys].contiguous()
     q = case.q[:, 0].contiguous()  # [rows, H, 128] fp8
     starts = torch.zeros(case.rows, dtype=torch.int32, device=q.device)
-    ends = case.seq_lens.to(torch.int32).contiguous()
+    ends = case.seq_lens.to(torch.int32)
+    ends = torch.where(ends > empty_at_most, ends, torch.zeros_like(ends)).contiguous()
     max_seqlen_k = pages_for(keys) * PAGE  # as upstream: the request's keys rounded up to a page
 
     def chunk(lo: int) -> torch.Tensor:
@@ -133,5 +137,5 @@ def nonpaged_prefill_call(
         rows = slice(lo, min(case.rows, lo + rows_per_chunk))
         want = twin(case.q[rows], fp8_pool.view(-1, PAGE, 1, FP8_SLOT_BYTES), case.weights[rows],
                     case.seq_lens[rows], case.page_table[rows], None, case.max_seq_len)
-        diff = max(diff, _check("fp8_mqa_logits", chunk(lo), want, case.seq_lens[rows]))
+        diff = max(diff, _check("fp8_mqa_logits", chunk(lo), want, ends[rows]))
     return run, diff, k.numel() * k.element_size() + sf.numel() * sf.element_size()

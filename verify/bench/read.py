@@ -19,8 +19,15 @@ output (a CUDA graph's capture width: the length-aware split against the best fi
 as the indexer calls it, ``clean_logits=False``), prefill chunks (rows = the query tokens of one
 request with causal lengths, one shared table), and, in ``verify.bench.read_scenarios``, MTP
 verify (2 rows per request in groups against 1 row) and long prefill (one request of 8K-128K
-tokens against the fp8 paths and their physical floors). Times are medians of
-CUDA-graph replays (``verify.bench.timing``: calls captured back to back over enough replicas of
+tokens: the series' prefill kernel ``bf16_mqa_logits`` as the dispatch runs it, a sweep of its
+configs (``--prefill-configs``), the paged kernel one row at a time, the fp8 twin, TileLang and
+DeepGEMM's non-paged ``fp8_mqa_logits``, against the physical floors and the same run's dense
+matmul rates, with issue 25's targets per length). ``compile`` (first, in fresh processes:
+``verify.bench.compile_cost``): the kernel variants the scorers compile at CUDA-graph capture of
+upstream's default batch sizes and in eager prefill, and their time, cold and on warm JIT caches,
+bf16 beside upstream's fp8 path. The run also times ``torch.matmul`` (bf16) and
+``torch._scaled_mm`` (fp8) at 8192^3 and the device copy: the roofs the figures are read against.
+Times are medians of CUDA-graph replays (``verify.bench.timing``: calls captured back to back over enough replicas of
 the keys that each call starts with a cold L2, as in a model step; a decode kernel of a few
 microseconds timed eagerly measures Python's launch, not the GPU); ``--timing eager`` uses
 ``triton.testing.do_bench`` (L2 cleared before every run) instead. Bytes are the keys a row-by-row read
@@ -29,7 +36,8 @@ most reads hit L2 and "% of HBM" exceeds what HBM could do alone -- the unique k
 reported beside it. Peak extra memory is ``max_memory_allocated`` over the call minus what was
 allocated before it (the logits included; "beyond" subtracts them).
 
-Writes ``DIR/bench_read.json`` and ``DIR/bench_read.csv``; prints the table last.
+Writes ``DIR/bench_read.json`` and ``DIR/bench_read.csv`` (``DIR/bench_compile.json`` for the
+compile section); prints the tables last.
 ``--dry-run`` lists shapes and memory estimates without a GPU.
 """
 
@@ -53,6 +61,7 @@ import torch
 from verify.bench.read_scenarios import (
     LONG_PREFILL_TOKENS,
     MTP_SHAPES,
+    PREFILL_SWEEP_SMALL,
     LongPrefillResult,
     MtpResult,
     long_prefill_table,
@@ -99,7 +108,7 @@ PREFILL_SHAPES = {
     "quick": [(8192, 32768)],
 }
 SPLIT_VARIANTS = [256, 512, 1024, 2048, 4096, 8192]
-MODES = ("decode", "prefill", "mtp", "long_prefill")
+MODES = ("decode", "prefill", "mtp", "long_prefill", "compile")
 # Fixed splits the wide shapes' length-aware default is measured against, per block config
 # (block_n, num_warps, num_stages): the decode default's and the prefill-style tiles.
 WIDE_SPLITS = [128, 256, 512, 1024, 2048]
@@ -455,6 +464,25 @@ def run_shape(shape: Shape, module: Any, args: argparse.Namespace) -> ShapeResul
     return result
 
 
+def dense_matmul(args: argparse.Namespace, n: int = 8192) -> dict[str, Any]:
+    """The same run's dense matmul rates, ``n``^3: bf16 (``torch.matmul``) and fp8 e4m3 with fp32
+    scales (``torch._scaled_mm``, bf16 out), as TFLOP/s -- the MMA roof the long prefill is
+    measured against."""
+    out: dict[str, Any] = {"n": n}
+    a = torch.randn(n, n, device="cuda").to(torch.bfloat16)
+    b = torch.randn(n, n, device="cuda").to(torch.bfloat16)
+    ms = bench_ms(lambda: torch.matmul(a, b), args.warmup_ms, args.rep_ms)
+    out["bf16_ms"], out["bf16_tflops"] = ms, 2 * n**3 / (ms * 1e-3) / 1e12
+    try:
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # column-major B
+        one = torch.ones((), device="cuda")
+        ms8 = bench_ms(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16), args.warmup_ms, args.rep_ms)
+        out["fp8_ms"], out["fp8_tflops"] = ms8, 2 * n**3 / (ms8 * 1e-3) / 1e12
+    except Exception as error:  # noqa: BLE001 - recorded; the bf16 rate is the one the targets use
+        out["fp8_error"] = f"{type(error).__name__}: {error}"[:200]
+    return out
+
+
 def copy_ceiling(args: argparse.Namespace) -> dict[str, float]:
     """Device-to-device copy of 2 GiB: bytes read plus written per second (the practical ceiling)."""
     n = 2**30
@@ -696,7 +724,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=list(MODES),
         default=list(MODES),
         help="decode (incl. wide outputs), prefill (chunks of long prompts), mtp (verify rows), "
-        "long_prefill (one request of 8K-128K tokens)",
+        "long_prefill (one request of 8K-128K tokens), compile (kernel variants compiled at graph capture "
+        "and in eager prefill, and their time: verify.bench.compile_cost)",
+    )
+    parser.add_argument(
+        "--prefill-configs",
+        nargs="*",
+        default=None,
+        metavar="SPEC",
+        help="the long prefill's sweep of the prefill kernel: each SPEC 'field=value[,field=value]' over its "
+        "default config (e.g. block_r=64 rows_per_dot=2); default: PREFILL_SWEEP_SMALL unless --sweep none; "
+        "no SPEC: none",
+    )
+    parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        default=Path("/tmp/bf16k-compile-cost"),
+        help="where the compile section's passes keep their JIT caches (emptied first)",
     )
     parser.add_argument("--sweep", choices=["none", "small", "full"], default="small")
     parser.add_argument("--heads", type=int, default=64)
@@ -759,7 +803,30 @@ def main(argv: list[str] | None = None) -> int:
     }
     ceiling = copy_ceiling(args)
     meta["copy_ceiling"] = ceiling
+    matmul = dense_matmul(args)
+    meta["dense_matmul"] = matmul
+    args.dense_bf16_tflops, args.dense_fp8_tflops = matmul.get("bf16_tflops"), matmul.get("fp8_tflops")
+    if args.prefill_configs is None:
+        args.prefill_configs = [] if args.sweep == "none" else list(PREFILL_SWEEP_SMALL)
+    try:
+        from verify.parity.upstream_read import load_bf16_prefill_module
+
+        prefill_module, prefill_route = load_bf16_prefill_module()
+        meta["prefill_kernel_module"] = getattr(prefill_module, "__file__", "?")
+        meta["prefill_kernel_route"] = prefill_route
+    except Exception as error:  # noqa: BLE001 - a series without the prefill kernel: the paged arm is dispatched
+        prefill_module = None
+        meta["prefill_kernel_module"] = f"not loaded: {type(error).__name__}: {error}"[:200]
     print(json.dumps(meta), flush=True)
+    compile_result: dict[str, Any] | None = None
+    if "compile" in args.modes:
+        # First, in fresh processes: the cold pass must meet empty JIT caches.
+        from verify.bench import compile_cost
+
+        t0 = time.time()
+        compile_result = compile_cost.run_passes(args.out, args.compile_cache)
+        print(compile_cost.table(compile_result), flush=True)
+        print(f"compile passes: {time.time() - t0:.1f}s", flush=True)
     results: list[ShapeResult] = []
     mtp: list[MtpResult] | None = [] if "mtp" in args.modes else None
     long_prefill: list[LongPrefillResult] | None = [] if "long_prefill" in args.modes else None
@@ -809,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     for tokens in LONG_PREFILL_TOKENS[args.profile] if long_prefill is not None else []:
         t0 = time.time()
         try:
-            p = run_long_prefill(tokens, module, args, timed)
+            p = run_long_prefill(tokens, module, args, timed, prefill_module=prefill_module)
         except torch.cuda.OutOfMemoryError as error:
             p = LongPrefillResult(tokens, tokens // 4, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}")
             torch.cuda.empty_cache()
@@ -826,6 +893,10 @@ def main(argv: list[str] | None = None) -> int:
         print(mtp_table(mtp))
     if long_prefill:
         print(long_prefill_table(long_prefill))
+    if compile_result is not None:
+        from verify.bench import compile_cost
+
+        print(compile_cost.table(compile_result))
     return 0
 
 

@@ -12,7 +12,9 @@ and whether any spill. The default set is what production launches, with the con
 module selects for that GPU's shared memory: the decode config with the length-aware split (as
 the indexer calls it, ``clean_logits=False``; and with the tail fill), MTP verify groups of 2 and
 4, the prefill config (one row at a time: grouped rows run only under the length-aware split),
-bf16 q with 32 heads, and (sm_90) the fp8 twin. Run it as::
+bf16 q with 32 heads, and (sm_90) the fp8 twin; and the prefill kernel (``bf16_mqa_logits``)
+under the config the module selects for that GPU's shared memory, as the indexer calls it (paged,
+``clean_logits=False``; ``--all`` adds the fill and bf16 q at 32 heads). Run it as::
 
     PYTHONPATH=<repo>:<patched tree>/python python -m verify.bench.read_compile [--all] [--targets sm120]
 """
@@ -42,6 +44,15 @@ _BF16_SIGNATURE = {
     "pt_ptr": "*i32",
     "out_ptr": "*fp32",
 }
+_PREFILL_SIGNATURE = {
+    "q_ptr": "*fp8e4nv",
+    "k_ptr": "*bf16",
+    "w_ptr": "*fp32",
+    "ks_ptr": "*i32",
+    "ke_ptr": "*i32",
+    "pt_ptr": "*i32",
+    "out_ptr": "*fp32",
+}
 _TWIN_SIGNATURE = {
     "q_ptr": "*fp8e4nv",
     "k_ptr": "*fp8e4nv",
@@ -55,6 +66,8 @@ _INT_ARGS = [
     "rows",
     "groups",
     "n_out",
+    "n_keys",
+    "num_tiles",
     "max_pages",
     "split_n",
     "num_splits",
@@ -76,6 +89,8 @@ _ALIGNED = [
     "sc_ptr",
     "w_ptr",
     "lens_ptr",
+    "ks_ptr",
+    "ke_ptr",
     "pt_ptr",
     "out_ptr",
     "n_out",
@@ -186,17 +201,17 @@ def compile_for(
     names = kernel.arg_names
     signature = dict(pointer_sig)
     signature.update({name: "i32" for name in _INT_ARGS if name in names})
-    consts = {
-        "H": heads,
-        "D": 128,
-        "PAGE": 64,
-        "BLOCK_N": config.block_n,
-        "SWAP_AB": config.swap_ab,
-        "INTERPRET": False,
-        **constexprs,
-    }
+    consts: dict[str, Any] = {"H": heads, "D": 128, "PAGE": 64}
+    for name, value in (("BLOCK_N", getattr(config, "block_n", None)), ("SWAP_AB", getattr(config, "swap_ab", None)),
+                        ("INTERPRET", False)):  # the kernels that have them (the twin keeps an interpreter branch)
+        if name in names:
+            consts[name] = value
+    consts.update(constexprs)
     signature.update({name: "constexpr" for name in consts})
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in _ALIGNED if a in names}
+    # What the launcher specialises: 16-byte alignment of pointers and of the integers not listed
+    # in do_not_specialize (the counts are, so a server compiles one variant for all of them).
+    unspecialised = {p.name for p in getattr(kernel, "params", []) if getattr(p, "do_not_specialize", False)}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in _ALIGNED if a in names and a not in unspecialised}
     source = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
     capability, tensor_op = TARGETS[target]
     compiled = triton_compile(
@@ -208,9 +223,11 @@ def compile_for(
     loop = ttgir[ttgir.index("scf.for") :] if "scf.for" in ttgir else ""
     waits = [int(n) for n in re.findall(r"async_wait[^{\n]*\{num = (\d+)", loop)]
     registers, spills = ptxas_usage(compiled.asm["ptx"], capability)
+    fields = ("block_n", "split_n", "swap_ab", "num_warps", "num_stages", "block_k", "block_r", "rows_per_dot",
+              "keys_in_registers")
     return CompileReport(
         kernel=kernel.__name__,
-        config={k: getattr(config, k) for k in ("block_n", "split_n", "swap_ab", "num_warps", "num_stages")},
+        config={k: getattr(config, k) for k in fields if hasattr(config, k)},
         shared_bytes=int(compiled.metadata.shared),
         tensor_core=tensor_op in compiled.asm["ptx"],
         loop_waits=waits,
@@ -259,6 +276,38 @@ def production_variants(module: Any, target: str = "sm90") -> list[tuple[str, An
     ]
 
 
+def prefill_constexprs(config: Any, *, clean_logits: bool, q_fp8: bool = True) -> dict[str, Any]:
+    """The constexprs ``bf16_mqa_logits_with_config`` passes (the indexer's call: paged, fp8 q)."""
+    return {
+        "BLOCK_K": config.block_k,
+        "BLOCK_R": config.block_r,
+        "ROWS": config.rows_per_dot,
+        "PAGED": True,
+        "Q_FP8": q_fp8,
+        "FILL": clean_logits,
+        "K_REGS": config.keys_in_registers,
+        "NUM_STAGES": config.num_stages,
+    }
+
+
+def prefill_variants(module: Any, target: str, all_variants: bool = False) -> list[tuple[str, Any, dict[str, Any], bool]]:
+    """(name, config, constexpr options, production) of the prefill kernel for a profile's GPU: the
+    config the module selects for its shared memory as the indexer calls it (``all_variants``: also
+    with the fill, and bf16 q at 32 heads); and (not launched there) the large-smem config where it
+    is not selected."""
+    config = module.select_prefill_config(P.kernel_shared_memory(module, target), 64)
+    out = [("prefill kernel (indexer: paged, clean_logits=False)", config, {"clean_logits": False}, True)]
+    if all_variants:
+        out += [
+            ("prefill kernel, clean_logits=True", config, {"clean_logits": True}, True),
+            ("prefill kernel, bf16 q, 32 heads", config, {"clean_logits": False, "q_fp8": False, "heads": 32}, True),
+        ]
+    large = module.CONFIGS["large_smem"]
+    if config != large:
+        out.append(("prefill kernel, the 227-KB GPUs' config (not launched)", large, {"clean_logits": False}, False))
+    return out
+
+
 def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = ("sm90",)) -> list[CompileReport]:
     """The bf16 kernel (fp8 and bf16 q) for each target, and the fp8 twin (sm_90: it stands in for
     DeepGEMM on the H200); the default configs or, with ``all_configs``, the whole sweep."""
@@ -301,6 +350,17 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
                 **{**bf16_constexprs(module, decode, group_rows=1, length_aware=True, fill_tail=False), "Q_FP8": False},
             )
         )
+    from verify.parity.upstream_read import load_bf16_prefill_module
+
+    prefill_module, _ = load_bf16_prefill_module()
+    for target in targets:
+        for name, config, options, production in prefill_variants(prefill_module, target, all_configs):
+            options = dict(options)
+            heads = options.pop("heads", 64)
+            sig = {**_PREFILL_SIGNATURE, "q_ptr": "*fp8e4nv" if options.get("q_fp8", True) else "*bf16"}
+            report = compile_for(target, prefill_module._bf16_mqa_logits_kernel, sig, config, heads=heads,
+                                 variant=name, **prefill_constexprs(config, **options))
+            reports.append(report if production else replace(report, production=False))
     if "sm90" in targets:
         reports.append(
             compile_for("sm90", fp8_twin._fp8_paged_mqa_logits_twin_kernel, _TWIN_SIGNATURE, decode, variant="fp8 twin")

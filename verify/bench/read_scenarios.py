@@ -68,7 +68,19 @@ HBM_BYTES_PER_S = 4.8e12
 BF16_PEAK_FLOPS = 989.4e12
 FP8_PEAK_FLOPS = 1978.9e12
 TARGET_MTP_RATIO = 1.15
-TARGET_PREFILL_RATIO = 1.2
+TARGET_PREFILL_RATIO = 1.2  # the old target (bf16 vs the fp8 twin), kept for runs before the prefill kernel
+# Issue 25's long-prefill targets for the prefill kernel (one request, every row, causal): effective
+# TFLOP/s on the causal FLOPs at 32K and 131K tokens, and its time over DeepGEMM's non-paged
+# fp8_mqa_logits per length.
+TARGET_PREFILL_TFLOPS = 600.0
+TARGET_PREFILL_TFLOPS_TOKENS = (32768, 131072)
+TARGET_PREFILL_VS_DEEPGEMM = {8192: 2.0, 32768: 1.7, 131072: 1.7}
+# Rows of at most this many keys get an empty range from the dispatch (the sgl-kernel top-k takes
+# them whole without reading logits): upstream's non-paged plan, for fp8 and bf16 alike.
+INDEX_TOPK = 512
+# The prefill kernel's sweep (--prefill-configs): each spec overrides fields of the default config.
+PREFILL_SWEEP_SMALL = ("block_r=64", "block_r=256", "num_stages=2", "rows_per_dot=2", "keys_in_registers=1",
+                       "upcast_q=1", "block_k=128,num_stages=3")
 LOGITS_CHUNK_BYTES = 4 * 2**30
 # (requests, final keys, rows per request)
 MTP_SHAPES = {
@@ -123,10 +135,26 @@ class LongPrefillResult:
     peak_extra_bytes: dict[str, int] = field(default_factory=dict)
     dispatch_arm: str = ""
     skipped: str | None = None
+    # the prefill kernel under other launch configs (each checked against the default's logits)
+    prefill_sweep: list[dict[str, Any]] = field(default_factory=list)
+    dense_bf16_tflops: float | None = None  # the same run's dense bf16 matmul rate
+    dense_fp8_tflops: float | None = None
 
     def derived(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         ms = {k: v.get("ms") for k, v in self.arms.items()}
+        flops = self.floors.get("flops")
+        for name, value in ms.items():
+            if value and flops:
+                out[f"{name}_tflops"] = flops / (value * 1e-3) / 1e12
+        done = [t for t in self.prefill_sweep if t.get("ms")]
+        if done and flops:
+            top = min(done, key=lambda t: t["ms"])
+            out["bf16_prefill_best_swept_tflops"] = flops / (top["ms"] * 1e-3) / 1e12
+        if ms.get("bf16_prefill") and ms.get("deepgemm_nonpaged"):
+            out["ratio_bf16_prefill_over_deepgemm_nonpaged"] = ms["bf16_prefill"] / ms["deepgemm_nonpaged"]
+        if ms.get("bf16_prefill") and self.dense_bf16_tflops and flops:
+            out["bf16_prefill_pct_of_dense_bf16"] = 100 * out["bf16_prefill_tflops"] / self.dense_bf16_tflops
         bf16 = ms.get(self.dispatch_arm)
         if bf16 and ms.get("fp8_twin"):
             out["ratio_dispatch_over_fp8_twin"] = bf16 / ms["fp8_twin"]
@@ -139,6 +167,13 @@ class LongPrefillResult:
         if bf16 and self.floors.get("bf16_ms"):
             out["dispatch_pct_of_bf16_floor"] = 100 * self.floors["bf16_ms"] / bf16
         return out
+
+
+def dispatch_ranges(lengths: list[int], topk: int | None = None) -> list[int]:
+    """``ke`` per row as upstream's non-paged plan hands it to the scorer: a row of at most
+    ``topk`` (default ``INDEX_TOPK``) keys gets an empty range (``ke = ks = 0``)."""
+    topk = INDEX_TOPK if topk is None else topk
+    return [n if n > topk else 0 for n in lengths]
 
 
 def prefill_floors(lengths: list[int], keys: int, heads: int) -> dict[str, Any]:
@@ -166,6 +201,8 @@ def prefill_floors(lengths: list[int], keys: int, heads: int) -> dict[str, Any]:
         "bf16_memory_ms": bf16_mem,
         "bf16_compute_ms": bf16_mma,
         "bf16_ms": max(bf16_mem, bf16_mma),
+        # what the dispatch scores of them (rows of at most top-k keys get empty ranges)
+        "flops_dispatch": 2.0 * heads * DIM * sum(dispatch_ranges(lengths)),
         "source": "physical floor (not measured): the least time DeepGEMM's fp8_mqa_logits could take",
     }
 
@@ -406,10 +443,12 @@ def _tilelang_reader() -> tuple[Callable[..., torch.Tensor] | None, str]:
 
 def _deepgemm_nonpaged(
     case: ReadCase, fp8_pool: torch.Tensor, keys: int, chunk: int, args: Any, timed: Callable[..., Any],
-    result: LongPrefillResult,
+    result: LongPrefillResult, empty_at_most: int = 0,
 ) -> dict[str, Any]:
     """Upstream's default for this case, DeepGEMM's non-paged fp8_mqa_logits, where it imports;
-    checked against the twin on the same pages before it is timed."""
+    checked against the twin on the same pages before it is timed. ``empty_at_most``: rows of
+    at most that many keys get an empty range, as upstream's plan gives them (the bf16 prefill
+    kernel is timed on the same ranges)."""
     from verify.bench import deepgemm_arm
     from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
 
@@ -419,7 +458,7 @@ def _deepgemm_nonpaged(
         return {"label": label, "ms": None, "error": how}
     try:
         run, diff, gathered = deepgemm_arm.nonpaged_prefill_call(
-            dg, case, fp8_pool, keys, chunk, fp8_paged_mqa_logits_twin
+            dg, case, fp8_pool, keys, chunk, fp8_paged_mqa_logits_twin, empty_at_most=empty_at_most
         )
     except Exception as error:  # noqa: BLE001 - a crash or a disagreement is the arm's result
         return {"label": label, "ms": None, "error": f"{type(error).__name__}: {error}"[:300]}
@@ -430,6 +469,74 @@ def _deepgemm_nonpaged(
     return timing
 
 
+def parse_prefill_config(module: Any, spec: str) -> Any:
+    """A prefill-kernel launch config from ``field=value[,field=value...]`` over the module's
+    default (``select_prefill_config()``): ints, and 0/1/true/false for flags."""
+    default = module.select_prefill_config()
+    fields: dict[str, Any] = {}
+    for part in filter(None, spec.split(",")):
+        name, _, value = part.partition("=")
+        current = getattr(default, name.strip())
+        if isinstance(current, bool):
+            fields[name.strip()] = value.strip().lower() in ("1", "true", "yes")
+        elif current is None or isinstance(current, int):
+            fields[name.strip()] = None if value.strip().lower() == "none" else int(value)
+        else:
+            raise ValueError(f"{name}: cannot set a {type(current).__name__} from {value!r}")
+    return replace(default, **fields)
+
+
+def _prefill_chunks(
+    fn: Callable[..., torch.Tensor], q: torch.Tensor, kv: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
+    ke: torch.Tensor, table: torch.Tensor, width: int, rows_per_chunk: int, config: Any = None,
+) -> Callable[[], None]:
+    """One prefill's logits through the prefill kernel, row chunk by row chunk, as the dispatch
+    runs its non-paged plan (the request's table, ``clean_logits=False``)."""
+
+    def run() -> None:
+        for start in range(0, q.shape[0], rows_per_chunk):
+            rows = slice(start, min(q.shape[0], start + rows_per_chunk))
+            out = fn(q[rows], kv, weights[rows], ks[rows], ke[rows], width, page_table=table,
+                     clean_logits=False, config=config)
+            del out
+
+    return run
+
+
+def _prefill_sweep(
+    module: Any, specs: list[str], inputs: tuple[Any, ...], chunk: int, args: Any, timed: Callable[..., Any],
+) -> list[dict[str, Any]]:
+    """The prefill kernel under each spec's config: its first and last chunk's logits against the
+    default config's (where each row reads keys) before it is timed; a config that disagrees or
+    does not build is reported, not timed."""
+    q, kv, weights, ks, ke, table, width = inputs
+    fn = module.bf16_mqa_logits_with_config
+    last = (q.shape[0] - 1) // chunk * chunk
+    out = []
+    for spec in specs:
+        label = f"bf16 prefill kernel, {spec}"
+        try:
+            config = parse_prefill_config(module, spec)
+            error = None
+            for lo in sorted({0, last}):
+                rows = slice(lo, min(q.shape[0], lo + chunk))
+                want = fn(q[rows], kv, weights[rows], ks[rows], ke[rows], width, page_table=table)
+                got = fn(q[rows], kv, weights[rows], ks[rows], ke[rows], width, page_table=table, config=config)
+                why = _disagreement(got, want, ke[rows])
+                if why:
+                    error = f"disagrees with the default: {why}"
+                    break
+        except Exception as exc:  # noqa: BLE001 - a config that does not build is its result
+            config, error = None, f"{type(exc).__name__}: {exc}"[:200]
+        if error:
+            out.append({"label": label, "ms": None, "error": error,
+                        "config": asdict(config) if config is not None else {"spec": spec}, "note": None})
+            continue
+        run = _prefill_chunks(fn, q, kv, weights, ks, ke, table, width, chunk, config)
+        out.append(_timing(label, timed, [run], args, asdict(config)))
+    return out
+
+
 def run_long_prefill(
     tokens: int,
     module: Any,
@@ -437,7 +544,11 @@ def run_long_prefill(
     timed: Callable[..., Any],
     device: str = "cuda",
     chunk_bytes: int = LOGITS_CHUNK_BYTES,
+    prefill_module: Any = None,
 ) -> LongPrefillResult:
+    """One request's prefill, every row. ``prefill_module``: the series' prefill kernel module
+    (``bf16_mqa_logits``), the dispatch's scorer here (without it, the paged kernel one row at a
+    time is, as before the prefill kernel)."""
     from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
 
     keys = tokens // 4
@@ -445,6 +556,8 @@ def run_long_prefill(
     width = (-(-keys // PAGE) + 1) * PAGE
     rows_per_chunk = max(4, chunk_bytes // (4 * width) // 4 * 4)  # whole groups of up to 4
     result = LongPrefillResult(tokens, keys, min(rows_per_chunk, tokens))
+    result.dense_bf16_tflops = getattr(args, "dense_bf16_tflops", None)
+    result.dense_fp8_tflops = getattr(args, "dense_fp8_tflops", None)
     if device == "cuda":
         free, _ = torch.cuda.mem_get_info()
         need = tokens * args.heads * DIM * 5 + min(tokens, rows_per_chunk) * width * 4 * 2
@@ -458,12 +571,30 @@ def run_long_prefill(
     result.floors = prefill_floors(lengths, keys, args.heads)
     chunk = result.rows_per_chunk
 
-    def fn(*call_args: Any, **kw: Any) -> torch.Tensor:  # as the dispatch calls it: one row at a time
+    def fn(*call_args: Any, **kw: Any) -> torch.Tensor:  # the paged kernel, one row at a time
         return module.bf16_paged_mqa_logits_with_config(*call_args[:5], call_args[6], None, fill_tail=False)
 
     bf16_arm = _chunked(fn, case, bf16_kv, chunk)
     result.dispatch_arm = "bf16"
     result.arms["bf16"] = _timing("bf16, one row at a time", timed, [bf16_arm], args)
+    dispatch_run = bf16_arm
+    if prefill_module is not None:
+        # As the dispatch's non-paged plan: the request's table, every row's [0, ke) with rows of at
+        # most top-k keys emptied, max_seqlen_k the request's keys rounded up to a page.
+        q = case.q[:, 0].contiguous()
+        ke = torch.tensor(dispatch_ranges(lengths), dtype=torch.int32, device=case.q.device)
+        ks = torch.zeros_like(ke)
+        # the request's table: the longest row's (each row of a ReadCase lists only its own pages)
+        table = case.page_table[int(case.seq_lens.argmax())].contiguous()
+        max_seqlen_k = -(-keys // PAGE) * PAGE
+        inputs = (q, bf16_kv, case.weights, ks, ke, table, max_seqlen_k)
+        prefill_run = _prefill_chunks(prefill_module.bf16_mqa_logits_with_config, *inputs, chunk)
+        default = prefill_module.select_prefill_config(prefill_module._device_shared_memory(case.q.device), args.heads)
+        result.arms["bf16_prefill"] = _timing("bf16 prefill kernel (bf16_mqa_logits), as dispatched", timed,
+                                              [prefill_run], args, asdict(default))
+        result.dispatch_arm, dispatch_run = "bf16_prefill", prefill_run
+        specs = list(getattr(args, "prefill_configs", None) or [])
+        result.prefill_sweep = _prefill_sweep(prefill_module, specs, inputs, chunk, args, timed)
     twin = _chunked(fp8_paged_mqa_logits_twin, case, fp8_kv, chunk)
     result.arms["fp8_twin"] = _timing("fp8 twin (paged)", timed, [twin], args)
     reader, how = _tilelang_reader()
@@ -474,12 +605,14 @@ def run_long_prefill(
             "TileLang fp8 (paged)", timed, [_chunked(reader, case, fp8_kv, chunk)], args
         )
     result.peak_extra_bytes = {"one_chunk_logits": chunk * width * 4}
-    result.arms["deepgemm_nonpaged"] = _deepgemm_nonpaged(case, fp8_pool, keys, chunk, args, timed, result)
+    result.arms["deepgemm_nonpaged"] = _deepgemm_nonpaged(
+        case, fp8_pool, keys, chunk, args, timed, result, empty_at_most=INDEX_TOPK if prefill_module is not None else 0
+    )
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        bf16_arm()
+        dispatch_run()
         torch.cuda.synchronize()
         result.peak_extra_bytes["dispatch_arm"] = int(torch.cuda.max_memory_allocated() - before)
         del case, fp8_pool
@@ -539,6 +672,12 @@ def long_prefill_table(results: list[LongPrefillResult]) -> str:
             + ", ".join(f"{k} {v:.2f}" for k, v in d.items())
             + f"; peak extra {r.peak_extra_bytes.get('dispatch_arm', -1) / 2**30:.2f} GiB"
         )
+        for t in r.prefill_sweep:
+            value = f"{t['ms']:.2f} ms" if t.get("ms") else f"n/a ({t.get('error') or ''})"[:120]
+            lines.append(f"    sweep {t['label'][len('bf16 prefill kernel, '):]:<28} {value}")
+    if any("bf16_prefill" in r.arms for r in results if not r.skipped):
+        lines += prefill_target_lines(results)
+        return "\n".join(lines)
     ratios = [r.derived().get("ratio_dispatch_over_fp8_twin") for r in results if not r.skipped]
     done = [x for x in ratios if x is not None]
     if done:
@@ -547,3 +686,46 @@ def long_prefill_table(results: list[LongPrefillResult]) -> str:
             f"{sum(x <= TARGET_PREFILL_RATIO for x in done)}/{len(done)} (max {max(done):.2f})"
         )
     return "\n".join(lines)
+
+
+def prefill_target_lines(results: list[Any]) -> list[str]:
+    """Issue 25's long-prefill targets, met or missed per length, from one run: the prefill kernel's
+    effective TFLOP/s on the causal FLOPs (>= 600 at 32K and 131K tokens) beside the same run's
+    dense bf16 matmul rate, and its time over DeepGEMM's non-paged fp8_mqa_logits (<= 1.7x at 32K
+    and 131K, <= 2.0x at 8K). ``results``: LongPrefillResult objects or their JSON dicts."""
+
+    def get(r: Any, name: str) -> Any:
+        return r.get(name) if isinstance(r, dict) else getattr(r, name)
+
+    def ms(r: Any, arm: str) -> float | None:
+        return (get(r, "arms").get(arm) or {}).get("ms")
+
+    lines = []
+    rows = [r for r in results if not get(r, "skipped") and ms(r, "bf16_prefill")]
+    dense = next((get(r, "dense_bf16_tflops") for r in rows if get(r, "dense_bf16_tflops")), None)
+    tf = []
+    for r in rows:
+        if get(r, "tokens") in TARGET_PREFILL_TFLOPS_TOKENS:
+            rate = get(r, "floors")["flops"] / (ms(r, "bf16_prefill") * 1e-3) / 1e12
+            tf.append(f"{get(r, 'tokens'):,}: {rate:.0f} {'met' if rate >= TARGET_PREFILL_TFLOPS else 'MISSED'}")
+    if tf:
+        lines.append(
+            f"target long prefill >= {TARGET_PREFILL_TFLOPS:.0f} TFLOP/s effective (causal FLOPs; the same run's dense "
+            f"bf16 matmul: {dense:.0f} TFLOP/s): " if dense else
+            f"target long prefill >= {TARGET_PREFILL_TFLOPS:.0f} TFLOP/s effective (causal FLOPs): "
+        )
+        lines[-1] += "; ".join(tf)
+    vs = []
+    for r in rows:
+        bound = TARGET_PREFILL_VS_DEEPGEMM.get(get(r, "tokens"))
+        anchor = ms(r, "deepgemm_nonpaged")
+        if bound is None:
+            continue
+        if not anchor:
+            vs.append(f"{get(r, 'tokens'):,}: DeepGEMM not measured")
+            continue
+        ratio = ms(r, "bf16_prefill") / anchor
+        vs.append(f"{get(r, 'tokens'):,}: {ratio:.2f}x (<= {bound}) {'met' if ratio <= bound else 'MISSED'}")
+    if vs:
+        lines.append("target long prefill vs DeepGEMM's non-paged fp8_mqa_logits: " + "; ".join(vs))
+    return lines

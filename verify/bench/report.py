@@ -54,6 +54,7 @@ class Artifacts:
     prefill: dict[str, Any] | None = None
     store: dict[str, Any] | None = None
     sources: list[str] = field(default_factory=list)
+    compile: dict[str, Any] | None = None  # bench_compile.json (verify.bench.compile_cost), when run
 
     @property
     def results(self) -> list[dict[str, Any]]:
@@ -75,6 +76,10 @@ def load(results: Path = RESULTS) -> Artifacts:
     if store_path.is_file():
         art.store = json.loads(store_path.read_text())
         art.sources.append("bench_store.json")
+    compile_path = results / "bench_compile.json"
+    if compile_path.is_file():
+        art.compile = json.loads(compile_path.read_text())
+        art.sources.append("bench_compile.json")
     return art
 
 
@@ -340,10 +345,136 @@ def mtp_sweep_table(art: Artifacts) -> list[str]:
     return lines
 
 
+def prefill_kernel_measured(art: Artifacts) -> bool:
+    """Whether the run timed the series' prefill kernel (bf16_mqa_logits) on the long prefill."""
+    return any(_ms(p.get("arms", {}).get("bf16_prefill")) for p in art.read.get("long_prefill", [])
+               if not p.get("skipped"))
+
+
+def _swept_best(p: dict[str, Any]) -> dict[str, Any] | None:
+    done = [t for t in p.get("prefill_sweep", []) if _ms(t)]
+    return min(done, key=lambda t: t["ms"]) if done else None
+
+
+def _prefill_config_tag(config: dict[str, Any]) -> str:
+    tag = f"{config['block_k']}/r{config['block_r']}/w{config['num_warps']}/s{config['num_stages']}"
+    extras = [name for name, on in (("2 rows a dot", config.get("rows_per_dot", 1) == 2),
+                                    ("keys in registers", config.get("keys_in_registers")),
+                                    ("q upcast", config.get("upcast_q"))) if on]
+    return tag + (f" ({', '.join(extras)})" if extras else "")
+
+
+def prefill_kernel_table(art: Artifacts) -> list[str]:
+    """The long prefill with the prefill kernel as the dispatch's scorer: its time and effective
+    TFLOP/s on the causal FLOPs beside the same run's dense bf16 matmul rate, the MMA floors and
+    DeepGEMM's non-paged fp8 path, then the other arms."""
+    long = [p for p in art.read.get("long_prefill", []) if not p.get("skipped")]
+    matmul = art.read.get("meta", {}).get("dense_matmul", {})
+    dense = matmul.get("bf16_tflops")
+    dg = any(_ms(p["arms"].get("deepgemm_nonpaged")) for p in long)
+    tl = any(_ms(p["arms"].get("tilelang")) for p in long)
+    swept = any(_swept_best(p) for p in long)
+    lines = [
+        (
+            "Long prefill, one request, every row (causal), row chunks of <= 4 GiB of logits; bf16: the prefill "
+            "kernel (`bf16_mqa_logits`) as the dispatch runs it (the request's page table, rows of at most 512 keys "
+            "given empty ranges, as upstream's non-paged plan gives them -- DeepGEMM's non-paged call gets the same "
+            "ranges); TFLOP/s: the causal FLOPs (2 x 64 heads x 128 x the keys every row sees) over the time"
+            + (f"; the same run's dense bf16 matmul (`torch.matmul` {matmul.get('n', 8192)}^3): "
+               f"{_num(dense, 0)} TFLOP/s" if dense else "")
+            + (f", fp8 (`torch._scaled_mm`): {_num(matmul['fp8_tflops'], 0)} TFLOP/s" if matmul.get("fp8_tflops") else "")
+            + "; MMA floors: the causal FLOPs at the H200's dense peaks (989 bf16, 1,979 fp8 TFLOP/s), the fp8 one "
+            "also bounded by the bytes DeepGEMM's non-paged path moves (not measurements)"
+            + ("; DeepGEMM non-paged: `fp8_mqa_logits` timed, the one gather of the request's keys not" if dg else
+               " (DeepGEMM itself did not run in this bench)")
+            + ":"
+        ),
+        "",
+    ]
+    head = ["tokens", "bf16 prefill kernel ms", "TFLOP/s"]
+    if dense:
+        head.append("% of dense bf16")
+    if swept:
+        head += ["best swept ms", "its config (tile/rows/warps/stages)"]
+    if dg:
+        head += ["DeepGEMM non-paged ms", "its TFLOP/s", "bf16 / DeepGEMM"]
+    head += ["bf16 MMA floor ms", "fp8 floor ms", "bf16 paged, one row at a time ms", "fp8 twin (paged) ms"]
+    if tl:
+        head.append("TileLang fp8 (paged) ms")
+    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for p in long:
+        arms, floors = p["arms"], p["floors"]
+        flops = floors["flops"]
+        bf16 = _ms(arms.get("bf16_prefill"))
+
+        def rate(t: float | None, flops: float = flops) -> str:
+            return _num(flops / (t * 1e-3) / 1e12, 0) if t else "n/a"
+
+        cells = [_num(bf16, 2) if bf16 else "n/a", rate(bf16)]
+        if dense:
+            cells.append(f"{100 * flops / (bf16 * 1e-3) / 1e12 / dense:.0f}" if bf16 else "n/a")
+        if swept:
+            top = _swept_best(p)
+            cells += [_num(top["ms"], 2) if top else "n/a", _prefill_config_tag(top["config"]) if top else "n/a"]
+        if dg:
+            real = _ms(arms.get("deepgemm_nonpaged"))
+            cells += [_num(real, 2) if real else "n/a", rate(real), _num(bf16 / real, 2) if bf16 and real else "n/a"]
+        one, twin = _ms(arms.get("bf16")), _ms(arms.get("fp8_twin"))
+        cells += [_num(floors["bf16_compute_ms"], 2), _num(floors["fp8_nonpaged_ms"], 2),
+                  _num(one, 2) if one else "n/a", _num(twin, 2) if twin else "n/a"]
+        if tl:
+            tile = _ms(arms.get("tilelang"))
+            cells.append(_num(tile, 2) if tile else "n/a")
+        lines.append(f"| {p['tokens']:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def compile_table(art: Artifacts) -> list[str]:
+    """The scorers' kernel variants compiled at CUDA-graph capture (upstream's default decode
+    capture sizes, and MTP verify's) and in eager prefill, and their time, bf16 beside fp8."""
+    if art.compile is None:
+        return []
+    cold, warm = art.compile.get("cold", {}), art.compile.get("warm", {})
+    if "phases" not in cold:
+        return [f"Compile cost: the cold pass did not complete ({str(cold.get('error'))[:200]})."]
+    by_warm = {(p["name"], p["format"]): p for p in warm.get("phases", [])}
+    what = {"capture": f"graph capture, {len(cold.get('capture_sizes', []))} decode batch sizes",
+            "mtp": f"graph capture, MTP verify (2 rows a request), {len(cold.get('mtp_capture_sizes', []))} sizes",
+            "prefill": "eager prefill, 1 to 16,384 rows"}
+    lines = [
+        (
+            "Kernel variants the scorers compile (`verify.bench.compile_cost`): each decode batch size upstream "
+            "captures by default (an H200 server at tp 8, max batch 512) called once and captured in a CUDA graph, "
+            "then eager prefill chunks; bf16: new entries in the Triton kernels' per-device caches; fp8: new "
+            "compiled kernels in DeepGEMM's and sglang's JIT caches (upstream's JIT metadata kernel and DeepGEMM); "
+            "cold: empty JIT caches, warm: a fresh process on the caches the cold pass filled (what a server pays "
+            "after a build session compiled them); seconds are wall time of all the calls, captures included:"
+        ),
+        "",
+        ("| what | format | calls | variants compiled (cold) | s in the calls that compiled | s in all calls, cold | "
+         "s in all calls, warm |"),
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in cold["phases"]:
+        w = by_warm.get((p["name"], p["format"]), {})
+        variants = ", ".join(f"{k} {v}" for k, v in p["variants"].items()) or "0"
+        lines.append(
+            f"| {what.get(p['name'], p['name'])} | {p['format']} | {p['calls']} | {variants} | "
+            f"{_num(p['seconds_in_compiling_calls'], 1)} | {_num(p['seconds_total'], 1)} | "
+            + (_num(w["seconds_total"], 1) if "seconds_total" in w else "n/a")
+            + " |" + (f" error: {p['error'][:100]}" if p.get("error") else "")
+        )
+    if not any(p["format"] == "fp8" for p in cold["phases"]):
+        lines += ["", f"fp8: {cold.get('fp8', 'not measured')}."]
+    return lines
+
+
 def long_prefill_table(art: Artifacts) -> list[str]:
     long = [p for p in art.read.get("long_prefill", []) if not p.get("skipped")]
     if not long:
         return [f"Long prefill (one request of 8K-128K tokens): not measured ({RUN_COMMAND})."]
+    if prefill_kernel_measured(art):
+        return prefill_kernel_table(art)
     dg = any(_ms(p["arms"].get("deepgemm_nonpaged")) for p in long)
     tl = any(_ms(p["arms"].get("tilelang")) for p in long)
     lines = [
@@ -547,7 +678,12 @@ def targets(art: Artifacts) -> list[str]:
             else ""
         )
     )
-    prefill = [
+    if prefill_kernel_measured(art):
+        from verify.bench.read_scenarios import prefill_target_lines
+
+        out += [line.replace("target long prefill", "long prefill", 1)
+                for line in prefill_target_lines(art.read.get("long_prefill", []))]
+    prefill = [] if prefill_kernel_measured(art) else [
         (
             p["tokens"],
             _ms(p["arms"].get(p["dispatch_arm"])),
@@ -564,22 +700,23 @@ def targets(art: Artifacts) -> list[str]:
         for p in art.read.get("long_prefill", [])
         if not p.get("skipped") and _ms(p["arms"].get(p["dispatch_arm"])) and _ms(p["arms"].get("deepgemm_nonpaged"))
     ]
-    out.append(
-        f"long prefill within {TARGET_PREFILL}x of upstream's fp8 prefill path: "
-        + (
-            (
-                f"{_count(real, lambda v: v <= TARGET_PREFILL)} against DeepGEMM's non-paged "
-                f"`fp8_mqa_logits` (upstream's default there; max {max(real):.2f}x), "
-                if real
-                else ""
+    if not prefill_kernel_measured(art):
+        out.append(
+            f"long prefill within {TARGET_PREFILL}x of upstream's fp8 prefill path: "
+            + (
+                (
+                    f"{_count(real, lambda v: v <= TARGET_PREFILL)} against DeepGEMM's non-paged "
+                    f"`fp8_mqa_logits` (upstream's default there; max {max(real):.2f}x), "
+                    if real
+                    else ""
+                )
+                + f"{_count(twin, lambda v: v <= TARGET_PREFILL)} against the fp8 twin (max {max(twin):.2f}x), "
+                f"{_count(floor, lambda v: v <= TARGET_PREFILL)} against the non-paged fp8 floor (max {max(floor):.2f}x)"
+                if twin and floor
+                else f"not measured ({RUN_COMMAND})"
             )
-            + f"{_count(twin, lambda v: v <= TARGET_PREFILL)} against the fp8 twin (max {max(twin):.2f}x), "
-            f"{_count(floor, lambda v: v <= TARGET_PREFILL)} against the non-paged fp8 floor (max {max(floor):.2f}x)"
-            if twin and floor
-            else f"not measured ({RUN_COMMAND})"
+            + _prefill_reach(art)
         )
-        + _prefill_reach(art)
-    )
     store = [row["bf16_over_fp8"] for row in (art.store or {}).get("rows", []) if "bf16_over_fp8" in row]
     if store:
         out.append(
@@ -610,6 +747,7 @@ def render_body(art: Artifacts) -> str:
         "",
         *long_prefill_table(art),
         "",
+        *([*compile_table(art), ""] if art.compile is not None else []),
         "Targets (DESIGN.md):",
         "",
         *targets(art),

@@ -47,6 +47,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="run only these arms, e.g. fp8/fused bf16/fused fp8/fused/mtp2; PROFILE:ARM runs an arm on that "
                          "profile only, e.g. sm120:fp8/fused (overrides the three above)")
     ap.add_argument("--quick", action="store_true", help="short lengths (no 131K request)")
+    ap.add_argument("--scenarios", nargs="+", default=None, metavar="NAME",
+                    help="run only these scenarios (verify.forward.tier.SCENARIOS; default: all), e.g. "
+                         "bounded bounded_large; the flag-off control runs the same ones")
+    ap.add_argument("--arm-scenarios", nargs="+", default=[], metavar="ARM=NAMES",
+                    help="per arm, instead of --scenarios: ARM=NAME[,NAME...], ARM an arm name or PROFILE:ARM, e.g. "
+                         "sm90:fp8/fused=bounded")
     ap.add_argument("--probe-only", action="store_true")
     ap.add_argument("--baseline-tree", type=Path, default=None,
                     help=("an unpatched upstream python/ dir: the flag-off arm must select the same slots and leave the same "
@@ -78,31 +84,45 @@ def run_probe(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return data["dispatch"], errors
 
 
-def _baseline_worker(profile: str, quick: bool, out: Path) -> int:
+def _sizes(quick: bool, scenarios: Sequence[str] | None) -> Any:
+    from dataclasses import replace
+
+    from .tier import QUICK, SCENARIOS, Sizes
+
+    if scenarios:
+        unknown = sorted(set(scenarios) - set(SCENARIOS))
+        if unknown:
+            raise SystemExit(f"unknown scenario(s) {unknown}; known: {list(SCENARIOS)}")
+    return replace(QUICK if quick else Sizes(), only=tuple(scenarios) if scenarios else None)
+
+
+def _baseline_worker(profile: str, quick: bool, out: Path, scenarios: Sequence[str] | None = None) -> int:
     """Runs under the unpatched tree: the flag-off fused arm's selections, pool digests and the
     oracle checks' verdict per step."""
     from .stand_ins import install_deep_gemm_stand_in
-    from .tier import QUICK, ArmSpec, Sizes, run_arm
+    from .tier import ArmSpec, run_arm
 
     install_deep_gemm_stand_in()  # the unpatched tree imports DeepGEMM at module level as well
     # The scorer built as the patched run builds it: a TileLang kernel lowered otherwise (wgmma
     # instead of sm_120's mma.sync) sums in another order and breaks near-ties its own way.
     scorer_build = _tilelang_for(profile)
     with P.applied(profile) as applied:
-        arm = run_arm(applied, ArmSpec("fp8", "fused"), QUICK if quick else Sizes())
+        arm = run_arm(applied, ArmSpec("fp8", "fused"), _sizes(quick, scenarios))
     torch.save({"selections": arm.selections, "pool_digest": arm.pool_digest, "step_status": arm.step_status,
                 "scorer_build": scorer_build, "logits_digest": arm.logits_digest,
                 "errors": [r.detail for r in arm.results if r.status == "error"]}, out)
     return 0
 
 
-def _run_baseline(tree: Path, profile: str, quick: bool, out: Path, tag: str) -> dict[str, Any] | str:
+def _run_baseline(tree: Path, profile: str, quick: bool, out: Path, tag: str,
+                  scenarios: Sequence[str] | None = None) -> dict[str, Any] | str:
     """One unpatched-tree worker; its saved record, or why there is none."""
     from verify.parity.store_baseline import worker_env
 
     path = out / f"baseline-{profile}{tag}.pt"
     cmd = [sys.executable, "-m", "verify.forward", "--out", str(out), "--platform", profile,
-           "--worker-baseline", str(path)] + (["--quick"] if quick else [])
+           "--worker-baseline", str(path)] + (["--quick"] if quick else []) + (
+               ["--scenarios", *scenarios] if scenarios else [])
     # The unpatched tree's JIT builds live beside that tree, not among the results (hundreds of
     # MB), and serve the control run and later calls on the same machine.
     env = worker_env(tree, jit_cache=tree.parent / f".jit-cache-{profile}")
@@ -119,7 +139,8 @@ def _run_baseline(tree: Path, profile: str, quick: bool, out: Path, tag: str) ->
 
 
 def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: Path,
-                          scorer_build: str | None, rerun_patched: Callable[[], Any]) -> dict[str, Any]:
+                          scorer_build: str | None, rerun_patched: Callable[[], Any],
+                          scenarios: Sequence[str] | None = None) -> dict[str, Any]:
     """Flag off, the patched tree against the unpatched one (see :func:`checks.compare_flag_off`);
     where selections differ, the unpatched tree runs a second time as the control, and where that
     leaves a difference unexplained, the patched arm runs a second time too (``rerun_patched``).
@@ -130,7 +151,7 @@ def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: 
         return {"selections": a.selections, "pool_digest": a.pool_digest, "step_status": a.step_status,
                 "scorer_build": scorer_build, "logits_digest": getattr(a, "logits_digest", {})}
 
-    base = _run_baseline(tree, profile, quick, out, "")
+    base = _run_baseline(tree, profile, quick, out, "", scenarios)
     if isinstance(base, str):
         return {"status": "error", "detail": base}
     patched = record(arm)
@@ -138,7 +159,7 @@ def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: 
     control: dict[str, Any] | None = None
     errors = []
     if differs:
-        again = _run_baseline(tree, profile, quick, out, "-control")
+        again = _run_baseline(tree, profile, quick, out, "-control", scenarios)
         if isinstance(again, str):
             errors.append(f"the unpatched control run failed: {again}")
         else:
@@ -177,6 +198,18 @@ def summary_markdown(results: list[dict[str, Any]], arms_meta: list[dict[str, An
         passed = sum(r["status"] == "pass" for r in rows)
         lines.append(f"| {prof} | {arm} | {scen} | {run} | {len(rows)} | {passed} | {same:.4f} | {exact:.4f} | "
                      f"{', '.join(scorer)} | {', '.join(topk)} | {peak:.1f} | {logits:.1f} |")
+    bounded = [r for r in results if r["scenario"].startswith("bounded") and r.get("logits_phase_peak_mb") is not None
+               and r.get("indexer_plan", {}).get("budget_bytes") is not None]
+    if bounded:
+        lines += ["", "## Logits under a memory budget (bounded scenarios)", "",
+                  ("| profile | arm | step | path | budget MiB | in one piece MiB | chunks | largest chunk MiB | "
+                   "logits phase peak MiB | DeepGEMM schedules | status |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in bounded:
+            plan = r["indexer_plan"]
+            lines.append(f"| {r['profile']} | {r['arm']} | {r['label']} | {'non-paged' if plan.get('nonpaged') else 'paged'} | "
+                         f"{plan['budget_bytes'] / 2**20:.1f} | {plan['unchunked_logits_bytes'] / 2**20:.1f} | "
+                         f"{r['scorer_calls']} | {r['logits_chunk_max_mb']} | {r['logits_phase_peak_mb']} | "
+                         f"{plan.get('deep_gemm_metadata')} | {r['status']} |")
     bad = [r for r in results if r["status"] != "pass"]
     lines += ["", "## Flag off vs the unpatched tree", ""]
     for prof, b in baseline.items():
@@ -192,7 +225,7 @@ def summary_markdown(results: list[dict[str, Any]], arms_meta: list[dict[str, An
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker_baseline is not None:
-        return _baseline_worker(P.resolve(args.platform[0]), args.quick, args.worker_baseline)
+        return _baseline_worker(P.resolve(args.platform[0]), args.quick, args.worker_baseline, args.scenarios)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     _, probe_errors = run_probe(out)
@@ -203,14 +236,21 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"above ran and is in {out}/dispatch.md. The H200 run is in verify/results/h200/forward/.")
         return 2 if probe_errors else 3
     from .stand_ins import install_deep_gemm_stand_in
-    from .tier import QUICK, Sizes, arm_specs, run_arm
+    from .tier import arm_specs, run_arm
 
     stand_in = install_deep_gemm_stand_in()
     profiles = list(dict.fromkeys(P.resolve(p) for p in args.platform))
-    sizes = QUICK if args.quick else Sizes()
+    sizes = _sizes(args.quick, args.scenarios)
     results: list[dict[str, Any]] = []
     arms_meta: list[dict[str, Any]] = []
     baseline: dict[str, Any] = {}
+    per_arm: dict[str, list[str]] = {}
+    for entry in args.arm_scenarios:
+        arm_name, sep, names = entry.partition("=")
+        if not sep or not names:
+            raise SystemExit(f"--arm-scenarios {entry!r}: expected ARM=NAME[,NAME...]")
+        per_arm[arm_name] = names.split(",")
+        _sizes(args.quick, per_arm[arm_name])  # refuses unknown names
     for profile in profiles:
         tilelang_note = _tilelang_for(profile)
         specs = arm_specs(tuple(args.formats), tuple(args.compressors), mtp=not args.no_mtp,
@@ -223,13 +263,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SystemExit(f"unknown arm(s) {sorted(unknown)}; known: {sorted(known)}")
             specs = [sp for sp in every if sp.name in args.arms or f"{profile}:{sp.name}" in args.arms]
         for spec in specs:
+            scenarios = per_arm.get(f"{profile}:{spec.name}", per_arm.get(spec.name, args.scenarios))
+            arm_sizes = _sizes(args.quick, scenarios)
             with P.applied(profile) as applied:
-                print(f"=== {profile} {spec.name}", flush=True)
-                arm = run_arm(applied, spec, sizes)
+                print(f"=== {profile} {spec.name}" + (f" (scenarios {', '.join(scenarios)})" if scenarios else ""),
+                      flush=True)
+                arm = run_arm(applied, spec, arm_sizes)
             rows = [asdict(r) for r in arm.results]
             results += rows
             arms_meta.append({
-                "profile": profile, "arm": spec.name, "steps": len(rows),
+                "profile": profile, "arm": spec.name, "steps": len(rows), "scenarios": scenarios or "all",
                 "failed": sum(r["status"] == "fail" for r in rows), "errors": sum(r["status"] == "error" for r in rows),
                 "scorers": sorted({x for r in rows for x in r["scorer"]}), "topks": sorted({x for r in rows for x in r["topk"]}),
                 "replaced": arm.rig.replaced + ([stand_in] if stand_in else []) + ([tilelang_note] if tilelang_note else [])
@@ -240,12 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if r["status"] != "pass":
                     print(f"  {r['status'].upper()} {r['scenario']} {r['run']} {r['label']}: {r['detail'][:300]}", flush=True)
             if args.baseline_tree is not None and spec.fmt == "fp8" and spec.compressor == "fused" and not spec.draft_tokens:
-                def rerun_patched(spec: Any = spec, profile: str = profile) -> Any:
+                def rerun_patched(spec: Any = spec, profile: str = profile, arm_sizes: Any = arm_sizes) -> Any:
                     with P.applied(profile) as again:
-                        return run_arm(again, spec, sizes)
+                        return run_arm(again, spec, arm_sizes)
 
                 baseline[profile] = compare_with_baseline(arm, args.baseline_tree, profile, args.quick, out,
-                                                          tilelang_note, rerun_patched)
+                                                          tilelang_note, rerun_patched, scenarios)
                 print(f"  flag off vs unpatched tree: {baseline[profile]['status']}: {baseline[profile]['detail']}", flush=True)
             # written after every arm: a run cut off at its time limit keeps what it measured
             _write(out, arms_meta, results, baseline, sizes)

@@ -45,6 +45,10 @@ class Dispatch:
 def _metadata_kind(im: Any) -> str:
     dg = im.deep_gemm_metadata
     if dg is None:
+        # bf16 plans its row chunks from the logits budget without a schedule (on a CPU there is no
+        # budget: the metadata reads it from a CUDA device)
+        if getattr(im, "rows_per_chunk", None):
+            return f"none (no DeepGEMM schedule; row-chunked by the logits budget, {im.rows_per_chunk} rows a chunk)"
         return "none (no DeepGEMM schedule, no row chunking)"
     if isinstance(dg, list):
         return f"DeepGEMM schedule, row-chunked ({len(dg)} chunks of {im.rows_per_chunk} rows)"

@@ -47,7 +47,7 @@ ROPE = {"base": 160000, "factor": 16.0, "original_seq_len": 65536, "beta_fast": 
 @dataclass
 class RigConfig:
     device: str = "cuda"
-    flag: bool = True  # --enable-deepseek-v4-bf16-index-k
+    flag: bool = True  # --deepseek-v4-indexer-k-dtype bf16 (off: the option unset, upstream's fp8)
     max_reqs: int = 8
     full_tokens: int = 1 << 18  # pool capacity in tokens
     max_context_len: int = 1 << 17
@@ -171,13 +171,13 @@ class Rig:
             swa_size=PAGE_TOKENS * 2,
             compression_ratios=[RATIO],
         )
-        # The scaffold publishes its server args; republish them with the series flag and the
-        # top-k backend under test (the scaffold knows neither).
+        # The scaffold publishes its server args; republish them with the series' index-K dtype and
+        # the top-k backend under test (the scaffold knows neither).
         scaffold = runner._server_args_override
         scaffold.restore()
         fields = dict(scaffold._fields, dsa_topk_backend=cfg.topk_backend)
         if cfg.flag:
-            fields["enable_deepseek_v4_bf16_index_k"] = True
+            fields["deepseek_v4_indexer_k_dtype"] = "bf16"
         self._server_args = get_context().override_server_args(**fields)
         runner.server_args = self._server_args.install()
         runner._server_args_override = self._server_args

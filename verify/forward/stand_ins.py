@@ -27,6 +27,8 @@ import torch
 # role -> (module, attribute) where forward_c4_indexer looks the function up at call time
 SPIED: dict[str, tuple[str, str]] = {
     "score_bf16": ("sglang.kernels.ops.attention.dsv4.bf16_index_logits", "bf16_paged_mqa_logits"),
+    # one request's long prefill, where upstream's fp8 path gathers its keys for fp8_mqa_logits
+    "score_bf16_prefill": ("sglang.kernels.ops.attention.dsv4.bf16_mqa_logits", "bf16_mqa_logits"),
     "score_tilelang": ("sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits"),
     "score_torch": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch"),
     "score_torch_sm120": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch_sm120"),
@@ -41,7 +43,11 @@ SPIED: dict[str, tuple[str, str]] = {
     "metadata_deepgemm": ("deep_gemm", "get_paged_mqa_logits_metadata"),
 }
 FP8_SCORERS = ("score_tilelang", "score_torch", "score_torch_sm120", "score_aiter", "score_deepgemm", "score_deepgemm_nonpaged")
-SCORERS = ("score_bf16", *FP8_SCORERS)
+BF16_SCORERS = ("score_bf16", "score_bf16_prefill")
+SCORERS = (*BF16_SCORERS, *FP8_SCORERS)
+# The schedules a scorer may be handed: DeepGEMM's metadata kernel and upstream's JIT twin of it
+# (the top-k v2 plan is the top-k's, not a scorer schedule).
+SCHEDULE_ROLES = ("metadata_jit", "metadata_deepgemm")
 TOPKS = ("topk_v1", "topk_v2", "topk_torch", "topk_flashinfer")
 
 
@@ -54,6 +60,7 @@ class Call:
     clean_logits: bool | None = None
     kv_dtype: str | None = None
     launch: str | None = None  # the bf16 kernel's: rows per group and the key stages it runs
+    out_bytes: int | None = None  # a scorer's logits (one row chunk's)
 
 
 @dataclass
@@ -64,6 +71,36 @@ class Spies:
     logits: list[torch.Tensor] = field(default_factory=list)
     _saved: list[tuple[Any, str, Any]] = field(default_factory=list)
     gathers: int = 0
+    # Lean keeping (bounded-memory steps): only these rows of the step's logits, copied to the
+    # host row by row as each top-k call reads them (None: every row, on the device, as before).
+    keep_rows: torch.Tensor | None = None
+    kept_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    _rows_seen: int = 0
+    # The logits phase's memory (bounded steps): armed by the step, started by the first scorer.
+    track_phase: bool = False
+    phase: dict[str, int] = field(default_factory=dict)
+
+    def _phase_start(self) -> None:
+        if not self.track_phase or self.phase or not torch.cuda.is_available():
+            return
+        torch.cuda.synchronize()
+        self.phase = {"pre_peak": int(torch.cuda.max_memory_allocated()), "base": int(torch.cuda.memory_allocated())}
+        torch.cuda.reset_peak_memory_stats()
+
+    def _keep(self, logits: torch.Tensor) -> None:
+        if self.keep_rows is None:
+            self.logits.append(logits)  # the logits the top-k reads, as it reads them
+            return
+        lo, hi = self._rows_seen, self._rows_seen + int(logits.shape[0])
+        self._rows_seen = hi
+        for r in self.keep_rows[(self.keep_rows >= lo) & (self.keep_rows < hi)].tolist():
+            self.kept_rows[r] = logits[r - lo].to("cpu", copy=True)
+
+    def arm_lean(self, rows: torch.Tensor | None, track_phase: bool) -> None:
+        """For the next step: keep only ``rows`` of its logits (None: all) and measure its logits
+        phase's memory."""
+        self.keep_rows = None if rows is None else rows.reshape(-1).long().cpu()
+        self.kept_rows, self._rows_seen, self.track_phase, self.phase = {}, 0, track_phase, {}
 
     def _record_scorer(self, role: str, args: tuple[Any, ...]) -> None:
         q, kv, _w, seq = args[0], args[1], args[2], args[3]
@@ -78,7 +115,9 @@ class Spies:
         spies = self
 
         def spy(*args: Any, **kwargs: Any) -> Any:
-            if role in SCORERS and role != "score_deepgemm_nonpaged":
+            if role in SCORERS:
+                spies._phase_start()
+            if role in SCORERS and role not in ("score_deepgemm_nonpaged", "score_bf16_prefill"):
                 spies._record_scorer(role, args)
                 if role == "score_bf16":
                     spies.calls[-1].launch = bf16_launch(fn, args, kwargs)
@@ -91,11 +130,20 @@ class Spies:
                                         bool(kwargs.get("clean_logits", False))))
                 if spies.probe:
                     return torch.zeros(q.shape[0], int(kwargs["max_seqlen_k"]), dtype=torch.float32, device=q.device)
+            elif role == "score_bf16_prefill":
+                # bf16_mqa_logits(q, kv, weights, ks, ke, max_seqlen_k, page_table=, clean_logits=)
+                q, kv, width = args[0], args[1], int(args[5] if len(args) > 5 else kwargs["max_seqlen_k"])
+                table = kwargs.get("page_table", args[6] if len(args) > 6 else None)
+                spies.calls.append(Call(role, int(q.shape[0]), width, 1,
+                                        bool(kwargs.get("clean_logits", args[7] if len(args) > 7 else False)),
+                                        str(kv.dtype), launch=bf16_prefill_launch(fn, q, table)))
+                if spies.probe:
+                    return torch.zeros(q.shape[0], width, dtype=torch.float32, device=q.device)
             else:
                 rows = args[0].shape[0] if args and isinstance(args[0], torch.Tensor) else 0
                 spies.calls.append(Call(role, int(rows)))
                 if role in TOPKS and spies.keep_logits and args and isinstance(args[0], torch.Tensor):
-                    spies.logits.append(args[0])  # the logits the top-k reads, as it reads them
+                    spies._keep(args[0])
                 if spies.probe and role in TOPKS:
                     return None  # the output buffers keep their fill (-1): nothing selected
                 if spies.probe and role == "metadata_topk_v2_plan":
@@ -103,7 +151,10 @@ class Spies:
                 if spies.probe and role.startswith("metadata"):
                     seq, sms = args[0], int(args[2])  # (lengths, page size, SM count): a zero schedule
                     return torch.zeros(sms + 1, 2, dtype=torch.int32, device=seq.device)
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            if role in SCORERS and isinstance(out, torch.Tensor):
+                spies.calls[-1].out_bytes = int(out.numel() * out.element_size())
+            return out
 
         spy.__wrapped__ = fn  # type: ignore[attr-defined]
         return spy
@@ -153,6 +204,21 @@ class Spies:
         out, self.logits = self.logits, []
         return out
 
+    def take_kept_rows(self) -> dict[int, torch.Tensor]:
+        """A lean step's kept rows (step row -> its logits on the host); lean keeping ends."""
+        out, self.kept_rows, self.keep_rows = self.kept_rows, {}, None
+        return out
+
+    def take_phase(self) -> dict[str, int]:
+        """A tracked step's logits phase: ``peak_extra`` (bytes allocated at its peak beyond what
+        was live when the first scorer started) and ``step_peak`` (the step's own peak, absolute)."""
+        out, self.phase, self.track_phase = self.phase, {}, False
+        if out and torch.cuda.is_available():
+            torch.cuda.synchronize()
+            peak = int(torch.cuda.max_memory_allocated())
+            out = {"peak_extra": peak - out["base"], "step_peak": max(peak, out["pre_peak"]), "base": out["base"]}
+        return out
+
 
 def bf16_launch(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """``group_rows=G stages=S``: the rows the dispatch grouped and the key stages the kernel
@@ -169,6 +235,20 @@ def bf16_launch(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         return f"group_rows={group_rows}"
     config = module.select_config(groups, int(args[6]), heads, group_rows, shared(q.device))
     return f"group_rows={group_rows} stages={config.num_stages}"
+
+
+def bf16_prefill_launch(fn: Callable[..., Any], q: torch.Tensor, page_table: Any) -> str:
+    """``block_k=K block_r=R paged|contiguous``: the prefill kernel's tile (the module's default for
+    this device, or the profile's stand-in for its shared memory) and how the keys were read."""
+    import sys
+
+    module = sys.modules[fn.__module__]
+    how = "paged" if page_table is not None else "contiguous"
+    try:
+        config = module.select_prefill_config(module._device_shared_memory(q.device), int(q.shape[1]))
+    except Exception:  # noqa: BLE001 -- a module without the selector: say how it was read only
+        return how
+    return f"block_k={config.block_k} block_r={config.block_r} {how}"
 
 
 def roles_called(calls: list[Call]) -> list[str]:

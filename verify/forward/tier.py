@@ -2,7 +2,7 @@
 
 For one platform profile (:mod:`verify.platform`), each *arm* -- index-K format (bf16: the
 series' flag on; fp8: off) x compressor (fused store kernel; the unfused path,
-``SGLANG_OPT_DSV4_UNFUSED_INDEX_K_STORE=1``) -- builds a :class:`~verify.forward.rig.Rig` and runs
+``SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR=1``) -- builds a :class:`~verify.forward.rig.Rig` and runs
 the scenarios below through ``init_forward_metadata`` and ``C4Indexer.forward`` (which calls
 ``forward_c4_indexer``: compressor and fused store, q, scorer, top-k), eager and under CUDA-graph
 capture / replay the way upstream's graph runner drives the backend. After each step
@@ -24,7 +24,21 @@ Scenarios (lengths in tokens; GPU sizes, CPU runs only the dispatch probe):
 - ``long``: 131,072 tokens chunked at 16,384, then decode;
 - ``mtp``: with 2 draft tokens per request, target-verify rows (eager and graph);
 - ``pd``: a prefill arm's pages moved into a second pool by upstream's PD buffer descriptors
-  (:mod:`verify.forward.pd`), then decode on the receiving side.
+  (:mod:`verify.forward.pd`), then decode on the receiving side;
+- ``bounded``: prefills whose logits in one piece exceed upstream's logits budget, brought down
+  through its own knob (``SGLANG_DSA_MQA_LOGITS_FREE_MEM_FRACTION``) to a sixth of the first
+  one's: 16,384 tokens in one extend (the non-paged path), two 12,288-token prefixes, then both
+  requests extending 4,096 tokens in one batch (the paged path). bf16 must score them in chunks
+  no larger than the budget, build no DeepGEMM schedule and keep the logits phase's peak memory
+  within the budget (the sm120 profile too, whose fp8 torch path plans no chunks);
+- ``bounded_large`` (bf16 arms): one request of 1,048,576 tokens prefilled in 16,384-token
+  chunks under upstream's own budget; the last chunk, 16K rows x 256K keys (16 GiB of logits in
+  one piece), is checked as above.
+
+Every step records the scorer and top-k it ran, what the indexer metadata planned (format, row
+chunks, budget, DeepGEMM schedules), the logits chunks scored and the peak memory; with the flag
+on no DeepGEMM schedule may be built and one request's long prefill must run the bf16 prefill
+kernel (``bf16_mqa_logits``, ``score_bf16_prefill``) with nothing gathered.
 """
 
 from __future__ import annotations
@@ -43,9 +57,9 @@ from verify import platform as P
 from .checks import check_keys, check_selection, decode_pool_keys, logits_row_digests
 from .reference import reference_keys, reference_q
 from .rig import INDEX_TOPK, LAYER_ID, Request, Rig, RigConfig, batched_token_inputs
-from .stand_ins import FP8_SCORERS, SCORERS, TOPKS, Spies, roles_called
+from .stand_ins import BF16_SCORERS, FP8_SCORERS, SCHEDULE_ROLES, SCORERS, TOPKS, Spies, roles_called
 
-UNFUSED_ENV = "SGLANG_OPT_DSV4_UNFUSED_INDEX_K_STORE"
+UNFUSED_ENV = "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR"
 
 
 @dataclass
@@ -67,6 +81,12 @@ class StepResult:
     peak_mb: float | None = None
     logits_mb: float | None = None
     detail: str = ""
+    # what the indexer metadata planned for this forward (format, row chunks, budget, schedules)
+    indexer_plan: dict[str, Any] = field(default_factory=dict)
+    scorer_calls: int = 0  # logits chunks scored
+    logits_chunk_max_mb: float | None = None  # the largest one
+    # bounded-memory steps: the logits phase's peak beyond what was live when it began
+    logits_phase_peak_mb: float | None = None
 
 
 @dataclass
@@ -151,13 +171,27 @@ class Arm:
                 indexer.forward(x=x, q_lora=q_lora, forward_batch=fb, attn_backend=backend)
 
     def step(self, scenario: str, label: str, reqs: list[Request], extend_lens: list[int], mode: str,
-             multi_stream: bool = False) -> StepResult:
+             multi_stream: bool = False, bounded: bool = False, checked: bool = True, lean: bool = False
+             ) -> StepResult:
+        """One forward and its checks. ``lean``: only the rows the checks read are kept from its
+        logits (copied to the host row by row as the top-k reads each chunk) and the logits phase's
+        memory is measured; ``bounded`` (lean too): a step under a logits memory budget, whose
+        promises are checked (:func:`bounded_problems`). ``checked=False``: a prefix step of a very
+        long request whose keys and selection are not checked (the request's last step checks them
+        all); its path and plan are."""
+        lean = lean or bounded
         rig = self.rig
         self.q_log.clear()
         self.spies.take()
         fb = rig.batch(reqs, extend_lens, mode)
         x, q_lora = rig.inputs(reqs, extend_lens)
         rows = int(x.shape[0])
+        picks = _picks(reqs, extend_lens, fb.positions)
+        if lean:
+            offsets = torch.tensor([0, *extend_lens]).cumsum(0)[:-1].tolist()
+            keep = torch.tensor(sorted(o + r for o, pick in zip(offsets, picks) for r in pick) if checked else [],
+                                dtype=torch.long)
+            self.spies.arm_lean(keep, track_phase=True)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -165,19 +199,35 @@ class Arm:
             rig.backend.init_forward_metadata(fb)
             self._forward(fb, x, q_lora, multi_stream)
         torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        phase = self.spies.take_phase() if lean else {}
+        peak = (phase.get("step_peak", torch.cuda.max_memory_allocated()) - base) / 2**20
+        kept = self.spies.take_kept_rows() if lean else None
         selected = rig.backend.forward_metadata.core_metadata.c4_sparse_page_indices[:rows, :INDEX_TOPK].clone()
-        width = rig.backend.forward_metadata.indexer_metadata.max_compressed_seq_len
+        im = rig.backend.forward_metadata.indexer_metadata
+        width = im.max_compressed_seq_len
+        plan = indexer_plan(im, rows)
         positions = fb.positions.clone()
         rig.commit(reqs, extend_lens)
         run = "multi-stream" if multi_stream else "eager"
         key = f"{scenario}:{label}:{run}"
-        res = self._check(scenario, label, run, mode, reqs, extend_lens, selected, positions, x, q_lora, digest_key=key)
+        res = self._check(scenario, label, run, mode, reqs, extend_lens, selected, positions, x, q_lora,
+                          digest_key=None if lean else key, picks=picks, kept_rows=kept, checked=checked)
         res.peak_mb = round(peak, 2)
         res.logits_mb = round(rows * width * 4 / 2**20, 2)
-        self.selections[key] = selected.sort(dim=1).values.cpu()  # the top-k's order is not part of its contract
+        res.indexer_plan = plan
+        if lean and phase:
+            res.logits_phase_peak_mb = round(phase["peak_extra"] / 2**20, 2)
+        if bounded:
+            problems = bounded_problems(self.spec.fmt, res, phase)
+            if problems:
+                prior = [res.detail] if res.status == "fail" else []
+                res.status = "fail"
+                res.detail = " | ".join(prior + problems)
+            res.detail += "; " + bounded_summary(res)
+        if checked:  # (an unchecked prefix step's slots: megabytes a step, compared by nothing)
+            self.selections[key] = selected.sort(dim=1).values.cpu()  # the top-k's order is not part of its contract
+            self.pool_digest[key] = hashlib.sha256(self.pool_buf.cpu().numpy().tobytes()).hexdigest()[:16]
         self.step_status[key] = res.status
-        self.pool_digest[key] = hashlib.sha256(self.pool_buf.cpu().numpy().tobytes()).hexdigest()[:16]
         self.results.append(res)
         return res
 
@@ -267,9 +317,12 @@ class Arm:
     # -- checks -----------------------------------------------------------------------------------
     def _check(self, scenario: str, label: str, run: str, mode: str, reqs: list[Request], extend_lens: list[int],
                selected: torch.Tensor, positions: torch.Tensor, x: torch.Tensor, q_lora: torch.Tensor,
-               digest_key: str | None = None) -> StepResult:
+               digest_key: str | None = None, picks: list[list[int]] | None = None,
+               kept_rows: dict[int, torch.Tensor] | None = None, checked: bool = True) -> StepResult:
         """The step's checks; with ``digest_key``, also the per-row digest of the logits the
-        top-k read, kept under that key for the flag-off comparison."""
+        top-k read, kept under that key for the flag-off comparison. ``picks``: the rows of each
+        request to check (default :func:`_sample_rows`); ``kept_rows``: a lean step's logits of
+        those rows (step row -> logits), instead of every row's."""
         rig = self.rig
         calls = self.spies.take()
         kept = self.spies.take_logits()
@@ -285,26 +338,37 @@ class Arm:
         scorer = roles_called([c for c in calls if c.role in SCORERS])
         topk = roles_called([c for c in calls if c.role in TOPKS])
         other = roles_called([c for c in calls if c.role not in SCORERS and c.role not in TOPKS])
-        launches = list(dict.fromkeys(c.launch for c in calls if c.role == "score_bf16" and c.launch))
+        launches = list(dict.fromkeys(c.launch for c in calls if c.role in BF16_SCORERS and c.launch))
+        scorer_calls = [c for c in calls if c.role in SCORERS]
         res = StepResult(self.applied.name, self.spec.name, scenario, run, mode, label, "pass",
                          [r.length for r in reqs], scorer=scorer, topk=topk, other_calls=other,
-                         bf16_launches=launches)
+                         bf16_launches=launches, scorer_calls=len(scorer_calls))
+        chunk_bytes = [c.out_bytes for c in scorer_calls if c.out_bytes]
+        if chunk_bytes:
+            res.logits_chunk_max_mb = round(max(chunk_bytes) / 2**20, 2)
         problems: list[str] = []
         if self.spec.fmt == "bf16":
             fp8 = [s for s in scorer if s in FP8_SCORERS]
             if fp8 or "gather_nonpaged" in other:
                 problems.append(f"flag on but fp8 path ran: {fp8 + [o for o in other if o == 'gather_nonpaged']}")
-            if run != "graph" and "score_bf16" not in scorer:
+            if run != "graph" and not any(s in BF16_SCORERS for s in scorer):
                 problems.append("flag on but the bf16 scorer did not run")
+            schedules = [o for o in other if o in SCHEDULE_ROLES]
+            if schedules:
+                # the bf16 scorers take no DeepGEMM schedule on any platform (patch 6)
+                problems.append(f"flag on but a DeepGEMM schedule was built: {schedules}")
             grouped = f"group_rows={self.spec.draft_tokens}"
             if mode == "target_verify" and not any(x.split()[0] == grouped for x in launches):
                 # the dispatch groups a uniform target verify's rows per request (patch 5)
                 problems.append(f"target verify with {self.spec.draft_tokens} draft tokens not scored in groups: {launches}")
         q_prod, w_prod = self.q_log[-1] if self.q_log else (None, None)
         offset = 0
-        for req, n in zip(reqs, extend_lens):
+        for i, (req, n) in enumerate(zip(reqs, extend_lens)):
             rows = slice(offset, offset + n)
+            base_row = offset
             offset += n
+            if not checked:
+                continue
             n_keys = req.length // 4
             x_all, _ = batched_token_inputs(req, 0, req.length, rig.cfg)
             ref = reference_keys(x_all.to(rig.device), rig.weights, rig.freqs_cis)
@@ -316,7 +380,7 @@ class Arm:
             if q_prod is None:
                 problems.append("no q was computed (compute_q did not run)")
                 continue
-            pick = _sample_rows(n, ((positions[rows] + 1) // 4).cpu())
+            pick = picks[i] if picks is not None else _sample_rows(n, ((positions[rows] + 1) // 4).cpu())
             sel_rows = selected[rows][pick]
             pos = positions[rows][pick]
             row_lens = ((pos + 1) // 4).cpu()
@@ -325,7 +389,11 @@ class Arm:
             qp = q_prod[rows][pick].float()
             wp = w_prod[rows][pick].float().reshape(len(pick), -1)
             q_ex, w_ex = reference_q(x[rows][pick], q_lora[rows][pick], pos, rig.weights, rig.freqs_cis)
-            lg = logits[rows][torch.tensor(pick, device=logits.device)] if logits is not None else None
+            if kept_rows is not None:
+                have = [base_row + r in kept_rows for r in pick]
+                lg = torch.stack([kept_rows[base_row + r] for r in pick]).to(rig.device) if pick and all(have) else None
+            else:
+                lg = logits[rows][torch.tensor(pick, device=logits.device)] if logits is not None else None
             sc = check_selection(chosen, row_lens, qp, wp, stored.float(), q_ex, w_ex, ref, INDEX_TOPK, lg)
             res.selection.append({"request": req.rid, "rows_checked": len(pick), "rows": n, **asdict(sc)})
             if not sc.ok:
@@ -333,7 +401,9 @@ class Arm:
         if problems:
             res.status = "fail"
         res.detail = " | ".join(problems) if problems else (
-            f"keys and selection match the oracles for {len(reqs)} request(s); scorer {scorer}, top-k {topk}")
+            f"keys and selection match the oracles for {len(reqs)} request(s); scorer {scorer}, top-k {topk}"
+            if checked else f"prefix step, keys and selection not checked (the request's last step checks them); "
+                            f"scorer {scorer}, top-k {topk}")
         return res
 
 
@@ -351,6 +421,89 @@ def _sample_rows(n: int, row_lens: torch.Tensor | None = None) -> list[int]:
         crossing = torch.nonzero((lens[1:] % 64 == 1) & (lens[:-1] % 64 == 0)).flatten().tolist()
         rows |= {i for c in crossing for i in (c, c + 1)}
     return sorted(rows)
+
+
+def _picks(reqs: list[Request], extend_lens: list[int], positions: torch.Tensor) -> list[list[int]]:
+    """Per request of a step, the rows its selection check reads (:func:`_sample_rows`)."""
+    out, offset = [], 0
+    pos = positions.cpu()
+    for _, n in zip(reqs, extend_lens):
+        out.append(_sample_rows(n, (pos[offset : offset + n] + 1) // 4))
+        offset += n
+    return out
+
+
+def indexer_plan(im: Any, rows: int) -> dict[str, Any]:
+    """What the indexer metadata planned for a forward of ``rows`` query rows: the index-K format,
+    DeepGEMM's schedules (none for bf16), the logits budget and its row chunks -- the paged path's
+    (``rows_per_chunk``) and, where one request's long prefill took the non-paged path, its own --
+    and the bytes the logits would take in one piece (what the budget is held against)."""
+    from sglang.srt.layers.attention.mqa_logits_utils import mqa_logits_row_bytes
+
+    dg = getattr(im, "deep_gemm_metadata", None)
+    plan = getattr(im, "nonpaged_plan", None)
+    out: dict[str, Any] = {
+        "index_k_format": getattr(im, "index_k_format", None),  # None: a tree before the option
+        "deep_gemm_metadata": "none" if dg is None else f"{len(dg)} schedules" if isinstance(dg, list) else "one schedule",
+        "budget_bytes": getattr(im, "mqa_logits_budget_bytes", None),
+        "rows_per_chunk": getattr(im, "rows_per_chunk", None),
+        "rows_per_request": getattr(im, "rows_per_request", None),
+        "unchunked_logits_bytes": rows * mqa_logits_row_bytes(int(im.max_compressed_seq_len)),
+        "nonpaged": None,
+    }
+    if plan is not None:
+        out["nonpaged"] = {"query_rows": int(plan.query_rows), "max_seqlen_k": int(plan.max_seqlen_k),
+                           "rows_per_chunk": plan.rows_per_chunk}
+        out["unchunked_logits_bytes"] = int(plan.query_rows) * mqa_logits_row_bytes(int(plan.max_seqlen_k))
+    return out
+
+
+# The logits phase of a bounded step may use, beyond its largest logits chunk, the top-k's
+# workspace and the rows the checks keep (copied out row by row): this much, or a quarter of the
+# budget, whichever is larger.
+PHASE_SLACK_BYTES = 16 * 2**20
+
+
+def bounded_problems(fmt: str, res: StepResult, phase: dict[str, int]) -> list[str]:
+    """What a step under a logits budget must show: its logits would not fit the budget in one
+    piece (else the scenario did not bound them), and -- for bf16, the series' promise on every
+    platform -- they were scored in more than one chunk, none larger than the budget, with no
+    DeepGEMM schedule built, and the logits phase's peak memory within the budget plus slack.
+    For fp8 the plan is recorded as upstream makes it (on sm_120 its torch path plans no chunks)."""
+    if fmt != "bf16":
+        return []
+    plan = res.indexer_plan
+    budget, whole = plan.get("budget_bytes"), plan.get("unchunked_logits_bytes", 0)
+    if budget is None:
+        return ["bounded step without a logits budget (the metadata computed none)"]
+    if whole <= budget:
+        return [f"bounded step whose logits fit the budget in one piece ({whole} <= {budget} B): not bounded"]
+    out = []
+    if res.scorer_calls < 2:
+        out.append(f"logits not chunked: {res.scorer_calls} scorer call(s) for {whole} B of logits, budget {budget} B")
+    if res.logits_chunk_max_mb is not None and res.logits_chunk_max_mb * 2**20 > budget:
+        out.append(f"a logits chunk of {res.logits_chunk_max_mb} MiB exceeds the budget of {budget / 2**20:.2f} MiB")
+    if plan.get("deep_gemm_metadata") != "none":
+        out.append(f"DeepGEMM metadata built for bf16: {plan.get('deep_gemm_metadata')}")
+    if plan.get("nonpaged") is None and plan.get("rows_per_chunk") is None:
+        out.append("the paged path's metadata planned no row chunks")
+    if phase:
+        limit = budget + max(PHASE_SLACK_BYTES, budget // 4)
+        if phase["peak_extra"] > limit:
+            out.append(f"the logits phase peaked at {phase['peak_extra'] / 2**20:.1f} MiB beyond what was live, "
+                       f"over the budget {budget / 2**20:.1f} MiB + slack")
+    return out
+
+
+def bounded_summary(res: StepResult) -> str:
+    plan = res.indexer_plan
+    budget = plan.get("budget_bytes") or 0
+    path = ("non-paged (one request's prefill)" if plan.get("nonpaged") else "paged")
+    per = (plan["nonpaged"]["rows_per_chunk"] if plan.get("nonpaged") else plan.get("rows_per_chunk"))
+    return (f"logits budget {budget / 2**20:.1f} MiB, {plan.get('unchunked_logits_bytes', 0) / 2**20:.1f} MiB "
+            f"in one piece; {path} path, {res.scorer_calls} chunk(s) of <= {per} rows, the largest "
+            f"{res.logits_chunk_max_mb} MiB; logits phase peak {res.logits_phase_peak_mb} MiB; DeepGEMM "
+            f"schedules: {plan.get('deep_gemm_metadata')}")
 
 
 def _slots_to_keys(rig: Rig, req: Request, sel: torch.Tensor) -> torch.Tensor:
@@ -411,11 +564,21 @@ class Sizes:
     mtp_prefill: int = 6000
     mtp_steps: int = 3
     pd: int = 5200  # a multiple of 4: the decode steps after the transfer complete no window
+    # bounded: (one request's prefill in one extend, two requests' prefix, their joint extend each)
+    # under a logits budget set to a sixth of the first's logits in one piece
+    bounded: tuple[int, int, int] | None = (16384, 12288, 4096)
+    bounded_chunks: int = 6
+    # bounded_large (bf16 arms): one request of this many tokens prefilled in chunks of the second,
+    # the last chunk 16K rows x 256K keys (16 GiB of logits in one piece) under upstream's own budget
+    bounded_large: tuple[int, int] | None = (1 << 20, 16384)
+    only: tuple[str, ...] | None = None  # run only these scenarios (None: all of SCENARIOS)
 
 
+SCENARIOS = ("stale", "chunked", "oneshot", "pd", "boundaries", "mixed", "decode", "graph", "long", "bounded",
+             "bounded_large", "mtp")
 QUICK = Sizes(stale=600, chunked=(3002, 1024), oneshot=(2100,), boundaries=(2048,), residues=(1201, 1202),
               chunk_sizes=(1024,), mixed_chunk=300, decode_steps=5, graph_steps=2, long=None, mtp_prefill=1500, mtp_steps=2,
-              pd=1200)
+              pd=1200, bounded=(8192, 8192, 4096), bounded_large=None)
 
 
 def prefill(arm: Arm, scenario: str, req: Request, total: int, chunk: int | None) -> None:
@@ -428,9 +591,16 @@ def prefill(arm: Arm, scenario: str, req: Request, total: int, chunk: int | None
 
 
 def run_scenarios(arm: Arm, sizes: Sizes) -> None:
-    """The scenarios of the module docstring, in order, on one arm (flag, compressor)."""
+    """The scenarios of the module docstring, in order, on one arm (flag, compressor);
+    ``sizes.only`` picks some (decode and graph then run on whichever requests are live)."""
     rig = arm.rig
+
+    def want(name: str) -> bool:
+        return sizes.only is None or name in sizes.only
+
     if arm.spec.draft_tokens:
+        if not want("mtp"):
+            return
         a = rig.new_request(101)
         b = rig.new_request(102)
         prefill(arm, "mtp", a, sizes.mtp_prefill, None)
@@ -438,42 +608,125 @@ def run_scenarios(arm: Arm, sizes: Sizes) -> None:
         for s in range(sizes.mtp_steps):
             arm.step("mtp", f"verify step {s}", [a, b], [arm.spec.draft_tokens] * 2, "target_verify")
         return
-    r0 = rig.new_request(1)
-    prefill(arm, "stale", r0, sizes.stale, None)
-    rig.finish(r0)  # pages back to the free list with their keys in place
-    a = rig.new_request(2)
-    prefill(arm, "chunked", a, sizes.chunked[0], sizes.chunked[1])
-    live = [a]
-    for i, total in enumerate(sizes.oneshot):
-        r = rig.new_request(10 + i)
-        prefill(arm, "oneshot", r, total, None)
-        live.append(r)
-    pd_scenario(arm, sizes.pd)
-    for total in sizes.boundaries:
-        r = rig.new_request(30 + total)
-        prefill(arm, "boundaries", r, total, None)
-        arm.step("boundaries", f"{total} + decode", [r], [1], "decode")
+    live: list[Request] = []
+    if want("stale"):
+        r0 = rig.new_request(1)
+        prefill(arm, "stale", r0, sizes.stale, None)
+        rig.finish(r0)  # pages back to the free list with their keys in place
+    if want("chunked"):
+        a = rig.new_request(2)
+        prefill(arm, "chunked", a, sizes.chunked[0], sizes.chunked[1])
+        live.append(a)
+    if want("oneshot"):
+        for i, total in enumerate(sizes.oneshot):
+            r = rig.new_request(10 + i)
+            prefill(arm, "oneshot", r, total, None)
+            live.append(r)
+    if want("pd"):
+        pd_scenario(arm, sizes.pd)
+    if want("boundaries"):
+        for total in sizes.boundaries:
+            r = rig.new_request(30 + total)
+            prefill(arm, "boundaries", r, total, None)
+            arm.step("boundaries", f"{total} + decode", [r], [1], "decode")
+            rig.finish(r)
+        for chunk in sizes.chunk_sizes:
+            for total in sizes.residues:
+                r = rig.new_request(40 + total + chunk)
+                prefill(arm, "boundaries", r, total, chunk)
+                rig.finish(r)
+    if want("mixed"):
+        # MIXED: a new request's first chunk with the live ones decoding
+        m = rig.new_request(60)
+        arm.step("mixed", f"{sizes.mixed_chunk}-token chunk + {len(live)} decoding", [m, *live],
+                 [sizes.mixed_chunk] + [1] * len(live), "mixed")
+        live.append(m)
+    if want("decode") and live:
+        for s in range(sizes.decode_steps):
+            arm.step("decode", f"step {s}", live, [1] * len(live), "decode")
+        arm.step("decode", "multi-stream step", live, [1] * len(live), "decode", multi_stream=True)
+    if want("graph") and live:
+        arm.graph_decode("graph", "bucket 4", live[:3], sizes.graph_steps, bucket=4)
+    for r in live:
         rig.finish(r)
-    for chunk in sizes.chunk_sizes:
-        for total in sizes.residues:
-            r = rig.new_request(40 + total + chunk)
-            prefill(arm, "boundaries", r, total, chunk)
-            rig.finish(r)
-    # MIXED: a new request's first chunk with the live ones decoding
-    m = rig.new_request(60)
-    arm.step("mixed", f"{sizes.mixed_chunk}-token chunk + {len(live)} decoding", [m, *live],
-             [sizes.mixed_chunk] + [1] * len(live), "mixed")
-    live.append(m)
-    for s in range(sizes.decode_steps):
-        arm.step("decode", f"step {s}", live, [1] * len(live), "decode")
-    arm.step("decode", "multi-stream step", live, [1] * len(live), "decode", multi_stream=True)
-    arm.graph_decode("graph", "bucket 4", live[:3], sizes.graph_steps, bucket=4)
-    if sizes.long is not None and arm.spec.compressor == "fused":  # the unfused path differs in the store only
-        for r in live:
-            rig.finish(r)
+    if want("long") and sizes.long is not None and arm.spec.compressor == "fused":
+        # the unfused path differs in the store only
         big = rig.new_request(77)
         prefill(arm, "long", big, sizes.long[0], sizes.long[1])
         arm.step("long", "decode", [big], [1], "decode")
+        rig.finish(big)
+    if want("bounded") and sizes.bounded is not None:
+        bounded_scenario(arm, sizes)
+    if want("bounded_large") and sizes.bounded_large is not None and arm.spec.fmt == "bf16":
+        bounded_large_scenario(arm, sizes)
+
+
+BUDGET_ENV = "SGLANG_DSA_MQA_LOGITS_FREE_MEM_FRACTION"
+
+
+@contextlib.contextmanager
+def logits_budget(target_bytes: int) -> Iterator[dict[str, Any]]:
+    """Upstream's logits budget brought down to about ``target_bytes`` through its own knob
+    (``SGLANG_DSA_MQA_LOGITS_FREE_MEM_FRACTION``: the budget is that fraction of the memory the
+    static pools leave free, capped by that fraction of the free memory), found by asking
+    upstream's ``mqa_logits_budget_bytes`` itself; yields what was set and what it computes."""
+    from sglang.srt.layers.attention.mqa_logits_utils import mqa_logits_budget_bytes
+
+    device = torch.cuda.current_device()
+    probe = 1e-3
+    with _env(BUDGET_ENV, str(probe)):
+        at_probe = mqa_logits_budget_bytes(device_index=device, allow_sync=True)
+    fraction = probe * target_bytes / max(at_probe, 1)
+    with _env(BUDGET_ENV, f"{fraction:.9g}"):
+        yield {"env": BUDGET_ENV, "fraction": fraction, "target_bytes": int(target_bytes),
+               "budget_bytes": int(mqa_logits_budget_bytes(device_index=device, allow_sync=True))}
+
+
+def bounded_scenario(arm: Arm, sizes: Sizes) -> None:
+    """Prefills whose logits in one piece exceed the logits budget, the budget brought down
+    through upstream's own knob to a ``bounded_chunks``-th of the first one's: one request's
+    prefill in one extend (the non-paged path: bf16_mqa_logits, upstream's fp8 gathers for
+    fp8_mqa_logits; sm_120's fp8 path takes the paged TileLang scorer), then two requests'
+    prefixes and their joint extend (the paged path: row chunks from the indexer metadata). Every
+    step keeps only the rows its checks read, measures its logits phase and, for bf16, must chunk
+    within the budget with no DeepGEMM schedule (:func:`bounded_problems`)."""
+    from sglang.srt.layers.attention.mqa_logits_utils import mqa_logits_row_bytes
+
+    rig = arm.rig
+    one_shot, prefix, extend = sizes.bounded
+    keys = -(-one_shot // 4 // 64) * 64
+    target = one_shot * mqa_logits_row_bytes(keys) // sizes.bounded_chunks
+    with logits_budget(target) as budget:
+        print(f"  bounded: {budget}", flush=True)
+        r = rig.new_request(80)
+        arm.step("bounded", f"{one_shot} tokens in one extend", [r], [one_shot], "extend", bounded=True)
+        rig.finish(r)
+        a, b = rig.new_request(81), rig.new_request(82)
+        for req in (a, b):
+            arm.step("bounded", f"{prefix}-token prefix of request {req.rid}", [req], [prefix], "extend", bounded=True)
+        arm.step("bounded", f"2 requests x {extend} tokens after {prefix}", [a, b], [extend, extend], "extend",
+                 bounded=True)
+        rig.finish(a)
+        rig.finish(b)
+
+
+def bounded_large_scenario(arm: Arm, sizes: Sizes) -> None:
+    """One request of ``bounded_large[0]`` tokens (1M: 256K keys) prefilled in chunks of
+    ``bounded_large[1]`` under upstream's own budget (the rig's server args: mem_fraction_static
+    as the scaffold sets it): every prefix chunk keeps no logits and is not checked (its path and
+    plan are recorded), the last -- 16K rows x 256K keys, 16 GiB of logits in one piece -- is a
+    bounded step, checked as every step is."""
+    rig = arm.rig
+    total, chunk = sizes.bounded_large
+    r = rig.new_request(90)
+    done = 0
+    while done < total:
+        n = min(chunk, total - done)
+        last = done + n >= total
+        arm.step("bounded_large", f"{total} tokens, chunk {done}-{done + n}", [r], [n], "extend",
+                 bounded=last, lean=True, checked=last)
+        done += n
+    rig.finish(r)
 
 
 def pd_scenario(arm: Arm, total: int) -> None:
@@ -528,6 +781,13 @@ def run_arm(applied: P.Applied, spec: ArmSpec, sizes: Sizes, device: str = "cuda
         cfg.max_context_len = 1 << 14
     else:  # room for the long request's decode steps past its prompt
         cfg.max_context_len = max(cfg.max_context_len, sizes.long[0] + 4 * 256)
+    if sizes.bounded is not None and (sizes.only is None or "bounded" in sizes.only):
+        cfg.max_context_len = max(cfg.max_context_len, sizes.bounded[0], sizes.bounded[1] + sizes.bounded[2])
+        cfg.full_tokens = max(cfg.full_tokens, 2 * (sizes.bounded[1] + sizes.bounded[2]) + sizes.bounded[0])
+    if (sizes.bounded_large is not None and spec.fmt == "bf16" and not spec.draft_tokens
+            and (sizes.only is None or "bounded_large" in sizes.only)):
+        cfg.max_context_len = max(cfg.max_context_len, sizes.bounded_large[0] + 4 * 256)
+        cfg.full_tokens = max(cfg.full_tokens, sizes.bounded_large[0] + (1 << 16))
     with _env(UNFUSED_ENV, "1" if spec.compressor == "unfused" else None):
         arm = Arm(applied, spec, cfg)
         try:

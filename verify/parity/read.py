@@ -1,12 +1,17 @@
-"""Tier-1 read parity (GPU): patch 4's bf16 paged-logits kernel against an fp32 oracle.
+"""Tier-1 read parity (GPU): the series' bf16 logits kernels against an fp64 oracle.
 
-Runs against the patched upstream on ``PYTHONPATH``::
+Two kernels: ``bf16_paged_mqa_logits`` (decode, MTP verify groups, paged prefill chunks: one row
+per program, DeepGEMM's paged call signature) and ``bf16_mqa_logits`` (one request's long prefill,
+where upstream runs its non-paged fp8 path: a key tile reused across a block of rows). Runs
+against the patched upstream on ``PYTHONPATH``::
 
     PYTHONPATH=<repo>:<patched tree>/python python -m verify.parity.read --out DIR
 
 Every check builds its own inputs and runs on its own (an error, or an out-of-memory skip, in
 one does not stop the others). Inputs: a bf16 pool on shuffled pages whose unused table entries
 point at a NaN page, lengths 1, 63, 64, 65, 511, 512, 513, 4095, 65536 compressed keys.
+
+The paged kernel:
 
 - ``oracle[q=..,H=..]``: kernel vs the oracle on the same stored keys (fp8 and bf16 q, 64 and
   32 heads): ``calc_diff <= 5e-6`` on finite entries, identical ``-inf`` mask, max abs error
@@ -19,10 +24,11 @@ point at a NaN page, lengths 1, 63, 64, 65, 511, 512, 513, 4095, 65536 compresse
   rows' tables point at the NaN page, so reading one poisons the row), lengths rising within a
   group, a partial last group: against the oracle on the shared tables, 20 bitwise reruns, and
   within the bound of the same rows scored one at a time; ``group_rows_batch``: the same for a
-  server-sized batch (512 requests of up to 3,000 keys, two rows each, the most the dispatch
-  groups); ``group_rows_static_split``: grouped
-  launches under the static split (a prefill's rows, an explicit static config) are refused,
-  and the prefill's rows one at a time match the oracle.
+  server-sized batch (``MAX_GROUPED_ROWS / 2`` requests of up to 3,000 keys, two rows each, the
+  most the dispatch groups); ``group_rows_static_refused``: the kernel has no grouped mode off
+  the length-aware split (an H200 scored grouped rows under the static split wrong): every such
+  grouped launch is refused with an AssertionError before anything launches (launch logic only,
+  also on a CPU).
 - ``clean_logits``: short rows in a 131,072-wide output (a graph-captured decode's width), the
   length-aware split: ``clean_logits=True`` is the oracle with ``-inf`` to the end;
   ``clean_logits=False`` equals it up to each row's last key tile and writes nothing after it
@@ -39,20 +45,42 @@ point at a NaN page, lengths 1, 63, 64, 65, 511, 512, 513, 4095, 65536 compresse
   own bound, 5e-6) and against upstream's ``fp8_paged_mqa_logits_torch`` at small size (1e-3,
   the bound against a bf16-input reference).
 
+The prefill kernel (rows of one request, ``ks[r] <= j < ke[r]``, column ``j`` = key ``j``; the
+pages past the request's and the slots of its last page past its last key hold NaN, outputs are
+allocated NaN-filled; each check runs ``clean_logits`` False -- the indexer's: exact on the key
+tiles a row reads, nothing written elsewhere -- and True -- the oracle everywhere):
+
+- ``mqa_oracle[q=..,H=..]`` / ``mqa_prefill[..]``: causal prefills (2,048 rows over 1,023 keys;
+  8,192 x 2,048; 1,024 x 4,095; 64 x 65,536) against the oracle;
+- ``mqa_chunk_boundaries``: the row chunks of a 16,384-row prefill, sliced as the dispatch slices
+  them (edges off the kernel's row blocks, one where the last key crosses a key tile): each equal
+  to the whole call's rows bit for bit, and to the oracle;
+- ``mqa_ks_window``: ``ks > 0`` (windows, ``ks`` at key-tile edges);
+- ``mqa_empty_rows``: rows reading nothing (``ke <= ks``, the empty ranges the dispatch gives
+  rows of at most top-k keys) stay unwritten (``-inf`` with ``clean_logits=True``);
+- ``mqa_input_forms``: the uint8 pool, a ``[1, max_pages]`` table, a contiguous key copy: same bits;
+- ``mqa_configs``: every config of ``CONFIGS`` (sm_120's too, run here) and the bench's variants;
+- ``mqa_reruns``: 20 bitwise reruns; ``mqa_vs_paged``: within the bound of the paged kernel on the
+  same rows; ``mqa_cuda_graph``: replay at other ``ke`` = eager; ``mqa_extra_memory``: nothing
+  beyond the logits.
+
 Results go to ``DIR/read.json``; a summary table is printed last. Exit status 1 when a
-check failed or errored. ``--device cpu --small`` (with ``TRITON_INTERPRET=1``) is a smoke run.
+check failed or errored. ``--device cpu --small`` is a smoke run of the launch logic and the
+fp8 twin (with ``TRITON_INTERPRET=1``); every check that runs a bf16 kernel skips there (the
+interpreter misreads bf16; those kernels carry no interpreter branch).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +89,26 @@ import torch
 from verify import platform as P
 from verify.parity.read_reference import (
     PAGE,
+    PrefillCase,
     ReadCase,
     calc_diff,
     causal_lengths,
     make_group_case,
+    make_prefill_case,
     make_read_case,
+    mqa_oracle_logits,
+    mqa_owned,
     oracle_logits,
     pack_fp8_pages,
     tiles_end,
     verify_lengths,
 )
 from verify.parity.store_report import CheckResult, CheckSkipped, Status, run_check, summary_table, write_json
-from verify.parity.upstream_read import load_bf16_kernel_module, load_upstream_fp8_torch_reader
+from verify.parity.upstream_read import (
+    load_bf16_kernel_module,
+    load_bf16_prefill_module,
+    load_upstream_fp8_torch_reader,
+)
 
 SUITE = "parity.read"
 FULL_LENGTHS = [1, 63, 64, 65, 511, 512, 513, 4095, 65536]
@@ -94,6 +130,9 @@ class Settings:
     prefill: list[tuple[int, int]]  # (query rows, final compressed length)
     small: bool
     groups: list[int]  # MTP verify rows per request (group_rows) to check
+    # the prefill kernel: (query rows, final keys) of causal prefills; the first is the base case
+    mqa_prefill: list[tuple[int, int]] = field(default_factory=lambda: [(2048, 1023)])
+    mqa_chunked: tuple[int, int] = (8192, 2047)  # the longer prefill whose row chunks are checked
 
 
 class Suite:
@@ -101,6 +140,7 @@ class Suite:
         self.s = settings
         self.module, self.module_route = load_bf16_kernel_module()
         self.kernel: Callable[..., torch.Tensor] = self.module.bf16_paged_mqa_logits
+        self.prefill_module, self.prefill_module_route = load_bf16_prefill_module()
 
     # ------------------------------------------------------------- helpers
 
@@ -430,7 +470,7 @@ class Suite:
 
     def check_group_rows_batch(self) -> CheckResult:
         """MTP verify rows of a server-sized batch, two per request: as many requests as the
-        dispatch still groups (``MAX_GROUPED_ROWS / 2``, 512 on a GPU), seeded lengths up to
+        dispatch still groups (``MAX_GROUPED_ROWS / 2``, 2,048 on a GPU), seeded lengths up to
         3,000 keys, launched with the default config as the dispatch launches them -- the
         length-aware split's programs spread over hundreds of groups, not the handful above."""
         requests = 8 if self.s.small else self.module.MAX_GROUPED_ROWS // 2
@@ -440,38 +480,69 @@ class Suite:
         # within the MAX_GROUPED_ROWS the length-aware split reads.
         return self.check_group_rows(2, finals)
 
-    def check_group_rows_static_split(self) -> CheckResult:
-        """Grouped rows run only under the length-aware split: a prefill's causal rows asked
-        for in groups of two (more rows than the length-aware split reads), and verify rows
-        under an explicit static-split config, are refused before launch; the prefill rows one
-        at a time match the oracle. (On an H200, Triton 3.6, the static split scored the one
-        key of a group's second row past its first row's last tile wrong, in every block config
-        tried: verify/results/h200/parity/read-group-static-split.json.)"""
-        rows, final = self.s.prefill[0]
-        case = self.case(causal_lengths(rows, final), shared_table=True, seed=self.s.seed + 97)
-        static = self.module.Bf16IndexLogitsConfig(block_n=64, split_n=128)
+    def check_group_rows_static_refused(self) -> CheckResult:
+        """Grouped rows run only under the length-aware split (the kernel has no grouped
+        static-split mode since an H200 scored it wrong, verify/results/h200/parity/
+        read-group-static-split.json): the module refuses every other grouped launch with an
+        AssertionError before it launches anything -- verify rows under an explicit static split,
+        under a config without the length-aware split, under the prefill config, and more rows
+        than the length-aware split reads. The kernel's launch is replaced by a recorder, so a
+        launch that got through would show; the default config's grouped launch is the control
+        (it must reach the recorder). Python launch logic only: on a CPU the inputs claim CUDA
+        (the module asserts that first), nothing runs."""
+        module = self.module
+        cfg = module.Bf16IndexLogitsConfig
+        static = cfg(block_n=64, split_n=128)
+        no_len_aware = replace(module.CONFIGS["decode"], length_aware=False)
         verify, _ = make_group_case(verify_lengths([65, 129], 2), 2, poison_others=False,
                                     seed=self.s.seed + 98, device=self.s.device)
-        max_rows = self.module.MAX_GROUPED_ROWS
-        launches: dict[str, Callable[[], Any]] = {
-            "verify rows, static split": lambda: self.module.bf16_paged_mqa_logits_with_config(
-                verify.q, verify.pool_view(), verify.weights, verify.seq_lens, verify.page_table,
-                verify.max_seq_len, static, group_rows=2),
+        too_many = module.MAX_GROUPED_ROWS + 2
+        big, _ = make_group_case([1] * too_many, 2, poison_others=False, heads=16,
+                                 seed=self.s.seed + 99, device=self.s.device)
+
+        def launch(case: ReadCase, config: Any) -> Callable[[], Any]:
+            args = [_claims_cuda(t) if not self.cuda else t
+                    for t in (case.q, case.pool_view(), case.weights, case.seq_lens, case.page_table)]
+            return lambda: module.bf16_paged_mqa_logits_with_config(
+                *args, case.max_seq_len, config, fill_tail=False, group_rows=2)
+
+        launches = {
+            "verify rows, explicit static split (split_n=128)": launch(verify, static),
+            "verify rows, decode config without the length-aware split": launch(verify, no_len_aware),
+            "verify rows, the prefill config": launch(verify, module.CONFIGS["prefill"]),
+            f"{too_many} rows in groups of 2 (> MAX_GROUPED_ROWS={module.MAX_GROUPED_ROWS}), default config":
+                launch(big, None),
         }
-        if rows > max_rows:
-            launches[f"{rows} prefill rows, default config"] = lambda: self.run(case, group_rows=2)
-        refused: dict[str, str] = {}
-        for name, launch in launches.items():
+        outcome: dict[str, str] = {}
+        launched: list[Any] = []
+        real = module._bf16_paged_mqa_logits_kernel
+        module._bf16_paged_mqa_logits_kernel = _LaunchRecorder(launched)
+        try:
+            for name, fn in launches.items():
+                before = len(launched)
+                try:
+                    fn()
+                    outcome[name] = "launched" if len(launched) > before else "returned without a launch"
+                except AssertionError as error:
+                    refused = "length-aware only" in str(error) and len(launched) == before
+                    outcome[name] = "refused before launch" if refused else f"other assertion: {str(error)[:120]}"
+                except Exception as error:  # noqa: BLE001 - any other failure is this check's result
+                    outcome[name] = f"other error: {type(error).__name__}: {str(error)[:120]}"
+            before = len(launched)
             try:
-                launch()
-                refused[name] = "ran"
-            except ValueError as error:
-                refused[name] = "refused" if "length-aware split" in str(error) else f"other error: {error}"
-        metrics = compare(self.run(case), self.oracle(case))
-        metrics["refused"] = refused
-        metrics["ok"] = metrics["ok"] and all(v == "refused" for v in refused.values())
-        result = verdict(metrics, f"{rows} causal rows one at a time")
-        return replace(result, summary=f"{result.summary}; grouped launches under the static split: {refused}")
+                launch(verify, None)()
+                control = "launched" if len(launched) > before else "no launch"
+            except Exception as error:  # noqa: BLE001
+                control = f"error: {type(error).__name__}: {str(error)[:120]}"
+        finally:
+            module._bf16_paged_mqa_logits_kernel = real
+        details = {"refused": outcome, "control_default_config_grouped": control,
+                   "inputs": "CPU tensors claiming CUDA (launch logic only)" if not self.cuda else "CUDA tensors"}
+        ok = all(v == "refused before launch" for v in outcome.values()) and control == "launched"
+        summary = (f"{sum(v == 'refused before launch' for v in outcome.values())}/{len(outcome)} grouped launches "
+                   f"off the length-aware split refused before launch (AssertionError 'length-aware only'); "
+                   f"the default grouped launch: {control}")
+        return CheckResult("", Status.PASS if ok else Status.FAIL, summary, details)
 
     def wide_case(self, lengths: list[int], seed: int) -> ReadCase:
         case = self.case(lengths, seed=seed)
@@ -554,6 +625,236 @@ class Suite:
         ok = all((v["ok"] if isinstance(v, dict) else v) for v in details.values())
         return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
 
+    # ------------------------------------------------- the prefill kernel (bf16_mqa_logits)
+
+    def prefill_case(self, ke: list[int], ks: list[int] | None = None, **kw: Any) -> PrefillCase:
+        return make_prefill_case(ke, ks, device=self.s.device, **kw)
+
+    def mqa(self, case: PrefillCase, *, clean_logits: bool = False, config: Any = None,
+            kv: torch.Tensor | None = None, page_table: Any = "case") -> torch.Tensor:
+        """``bf16_mqa_logits`` as the dispatch calls it (the pool view, the request's table); with
+        ``config`` through ``bf16_mqa_logits_with_config``."""
+        table = case.page_table if isinstance(page_table, str) else page_table
+        kv = case.pool_view() if kv is None else kv
+        if config is not None:
+            return self.prefill_module.bf16_mqa_logits_with_config(
+                case.q, kv, case.weights, case.ks, case.ke, case.max_seqlen_k, page_table=table,
+                clean_logits=clean_logits, config=config)
+        return self.prefill_module.bf16_mqa_logits(
+            case.q, kv, case.weights, case.ks, case.ke, case.max_seqlen_k, page_table=table,
+            clean_logits=clean_logits)
+
+    def mqa_block_k(self, config: Any = None, heads: int = 64) -> int:
+        """The key tile of ``config``, or of the config the module selects on this device."""
+        module = self.prefill_module
+        used = config or module.select_prefill_config(module._device_shared_memory(self.s.device), heads)
+        return int(used.block_k)
+
+    def mqa_both(self, case: PrefillCase, config: Any = None, what: str = "") -> CheckResult:
+        """``clean_logits`` False and True on NaN-filled outputs against the oracle: False equals it
+        on the key tiles each row reads and leaves every other position unwritten; True is the
+        oracle everywhere."""
+        with self.nan_outputs():
+            lean = self.mqa(case, config=config)
+            clean = self.mqa(case, clean_logits=True, config=config)
+        ref = mqa_oracle_logits(case)
+        owned = mqa_owned(case.ks, case.ke, case.max_seqlen_k, self.mqa_block_k(config, case.heads)).to(lean.device)
+        metrics = compare(torch.where(owned, lean, ref.to(lean.device)), ref)
+        metrics["clean_logits_true"] = compare(clean, ref)
+        metrics["unwritten_stay_nan"] = bool(torch.isnan(lean[~owned]).all())
+        metrics["positions_left_unwritten"] = int((~owned).sum())
+        metrics["rows"] = case.rows
+        metrics["ok"] = metrics["ok"] and metrics["clean_logits_true"]["ok"] and metrics["unwritten_stay_nan"]
+        result = verdict(metrics, what)
+        return replace(result, summary=result.summary + (
+            f"; clean_logits=True {'= oracle' if metrics['clean_logits_true']['ok'] else 'DIFFERS'}; "
+            f"{metrics['positions_left_unwritten']} positions outside the rows' tiles "
+            f"{'left unwritten' if metrics['unwritten_stay_nan'] else 'WRITTEN'}"))
+
+    def check_mqa_oracle(self, q_dtype: torch.dtype, heads: int) -> CheckResult:
+        rows, final = self.s.mqa_prefill[0]
+        case = self.prefill_case(causal_lengths(rows, final), heads=heads, q_dtype=q_dtype,
+                                 seed=self.s.seed + 201 + heads)
+        return self.mqa_both(case, what=f"{rows} causal rows over {final} keys (the last page's tail and the "
+                                         "pages past it NaN)")
+
+    def check_mqa_prefill(self, rows: int, final: int) -> CheckResult:
+        case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 211)
+        return self.mqa_both(case, what=f"{rows} causal rows over {final} keys")
+
+    def check_mqa_chunk_boundaries(self) -> CheckResult:
+        """Row chunks of a longer prefill, sliced as the dispatch slices them (the same table and
+        width): each chunk equals the whole call's rows bit for bit and the oracle; the chunk
+        edges fall off the kernel's row blocks and one falls where the rows' last key crosses a
+        key tile."""
+        rows, final = self.s.mqa_chunked
+        case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 221)
+        rows = case.rows  # causal_lengths gives at most 4 rows a key
+        block_k = self.mqa_block_k()
+        ke = case.ke.tolist()
+        crossing = next((r for r in range(1, rows) if ke[r - 1] % block_k == 0 and ke[r] % block_k == 1
+                         and ke[r - 1] > 0), rows // 2)
+        step = max(1, rows // 3 - 37)  # off the 128-row blocks
+        edges = sorted({0, rows, crossing, *range(step, rows, step)})
+        whole = self.mqa(case)
+        owned = mqa_owned(case.ks, case.ke, case.max_seqlen_k, block_k).to(whole.device)
+        ref = mqa_oracle_logits(case)
+        bitwise, metrics = [], []
+        for lo, hi in itertools.pairwise(edges):
+            part = self.mqa(case.rows_slice(slice(lo, hi)))
+            own = owned[lo:hi]
+            bitwise.append(bool(torch.equal(part[own], whole[lo:hi][own])))
+            metrics.append(compare(torch.where(own, part, ref[lo:hi].to(part.device)), ref[lo:hi]))
+        details = {"chunks": [[lo, hi] for lo, hi in itertools.pairwise(edges)], "tile_crossing_row": crossing,
+                   "chunks_bitwise_equal_to_whole": all(bitwise), "chunks_vs_oracle_ok": all(m["ok"] for m in metrics),
+                   "calc_diff_max": max(m["calc_diff"] for m in metrics)}
+        ok = details["chunks_bitwise_equal_to_whole"] and details["chunks_vs_oracle_ok"]
+        return CheckResult("", Status.PASS if ok else Status.FAIL,
+                           f"{len(bitwise)} row chunks of {rows} causal rows x {final} keys (one starting at row "
+                           f"{crossing}, where the last key crosses a {block_k}-key tile): "
+                           + _fmt(details, skip=("chunks",)), details)
+
+    def check_mqa_ks_window(self) -> CheckResult:
+        """Rows whose first visible key is past 0 (``ks > 0``, around key-tile edges too): column j
+        stays key j, positions before ``ks`` are ``-inf`` inside the row's tiles."""
+        rows, final = self.s.mqa_prefill[0]
+        ke = causal_lengths(rows, final)
+        block_k = self.mqa_block_k()
+        gen = torch.Generator().manual_seed(self.s.seed + 231)
+        window = torch.randint(1, max(2, final // 2), (rows,), generator=gen).tolist()
+        ks = [max(0, e - w) for e, w in zip(ke, window)]
+        for r, edge in zip(range(rows - 6, rows), (block_k - 1, block_k, block_k + 1, 1, 2 * block_k, 63)):
+            ks[r] = min(edge, ke[r] - 1)
+        case = self.prefill_case(ke, ks, seed=self.s.seed + 232)
+        return self.mqa_both(case, what=f"{rows} rows with ks > 0 (windows, and ks at key-tile edges)")
+
+    def check_mqa_empty_rows(self) -> CheckResult:
+        """Rows that read nothing (``ke <= ks``: 0/0, x/x, ``ke < ks``, and the ranges the dispatch
+        empties for rows of at most top-k keys, ``ke = ks``) among rows that do: they stay
+        unwritten with ``clean_logits=False`` and are ``-inf`` with True; the others are right."""
+        rows, final = self.s.mqa_prefill[0]
+        ke = causal_lengths(rows, final)
+        ks = [0] * rows
+        for r in range(0, rows, 7):
+            ks[r], ke[r] = (0, 0) if r % 3 == 0 else (ke[r], ke[r]) if r % 3 == 1 else (ke[r], max(0, ke[r] - 5))
+        topk = 512
+        for r in range(rows):
+            if 0 < ke[r] - ks[r] <= topk and r % 2:
+                ks[r] = ke[r]  # the dispatch's empty range for a row the top-k takes whole
+        case = self.prefill_case(ke, ks, n_keys=final, seed=self.s.seed + 241)
+        result = self.mqa_both(case, what=f"{rows} rows, {sum(e <= s for s, e in zip(ks, ke))} of them empty")
+        empty = (case.ke <= case.ks).cpu()
+        with self.nan_outputs():
+            lean = self.mqa(case)
+        result.details["empty_rows"] = int(empty.sum())
+        result.details["empty_rows_unwritten"] = bool(torch.isnan(lean[empty.to(lean.device)]).all())
+        if not result.details["empty_rows_unwritten"]:
+            result = replace(result, status=Status.FAIL, summary=result.summary + "; an EMPTY ROW was written")
+        return result
+
+    def check_mqa_input_forms(self) -> CheckResult:
+        """The pool's raw uint8 buffer, a ``[1, max_pages]`` table and a contiguous ``[keys, 128]``
+        copy of the request's keys give the bits of the bf16 view with a 1-D table."""
+        rows, final = self.s.mqa_prefill[0]
+        case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 251)
+        base = self.mqa(case)
+        owned = mqa_owned(case.ks, case.ke, case.max_seqlen_k, self.mqa_block_k()).to(base.device)
+        forms = {
+            "uint8 pool": self.mqa(case, kv=case.pool_bytes()),
+            "[1, max_pages] table": self.mqa(case, page_table=case.page_table[None, :]),
+            "contiguous [keys, 128] copy, no table": self.mqa(case, kv=case.keys(), page_table=None),
+        }
+        bad = [name for name, out in forms.items() if not torch.equal(out[owned], base[owned])]
+        return CheckResult("", Status.PASS if not bad else Status.FAIL,
+                           "all forms bitwise equal" if not bad else f"differ: {bad}", {"forms": list(forms)})
+
+    def check_mqa_configs(self) -> CheckResult:
+        """Every launch config the module selects for some GPU (``CONFIGS``: sm_90/sm_100's and
+        sm_120's, run here) and the variants the bench sweeps, against the oracle."""
+        rows, final = self.s.mqa_prefill[0]
+        case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 261)
+        module = self.prefill_module
+        configs = dict(module.CONFIGS)
+        cls = module.Bf16MqaLogitsConfig
+        configs.update({
+            "rows_per_dot=2": cls(rows_per_dot=2, block_r=128),
+            "keys_in_registers": cls(keys_in_registers=True),
+            "upcast_q": cls(upcast_q=True),
+            "block_k=64, 4 warps": cls(block_k=64, num_warps=4, block_r=64),
+        })
+        details: dict[str, Any] = {}
+        for name, config in configs.items():
+            try:
+                details[name] = self.mqa_both(case, config=config, what=name).details
+            except Exception as error:  # noqa: BLE001 - a config this GPU cannot launch is recorded
+                details[name] = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:160]}"}
+        production = list(module.CONFIGS)
+        ok = all(details[n]["ok"] for n in production)
+        others = [n for n in details if n not in production]
+        summary = (f"production configs {production}: {'all = oracle' if ok else 'FAIL'}; other configs: "
+                   + ", ".join(f"{n} {'ok' if details[n]['ok'] else details[n].get('error', 'FAIL')}" for n in others))
+        return CheckResult("", Status.PASS if ok else Status.FAIL, summary[:300], details)
+
+    def check_mqa_reruns(self) -> CheckResult:
+        rows, final = self.s.mqa_prefill[0]
+        case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 271)
+        first = self.mqa(case, clean_logits=True)
+        differing = [i for i in range(1, self.s.reruns) if not torch.equal(self.mqa(case, clean_logits=True), first)]
+        return CheckResult("", Status.PASS if not differing else Status.FAIL,
+                           f"{self.s.reruns} runs bitwise identical" if not differing
+                           else f"runs {differing} differ from run 0", {"reruns": self.s.reruns, "differing": differing})
+
+    def check_mqa_vs_paged(self) -> CheckResult:
+        """The same rows through the paged kernel (``bf16_paged_mqa_logits``, one row at a time, the
+        request's table per row): within the oracle's bound of each other, the same ``-inf``."""
+        rows, final = self.s.mqa_prefill[0]
+        case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 281)
+        prefill = self.mqa(case, clean_logits=True)
+        paged = self.run(case.paged_rows(), poison=False)
+        metrics = compare(prefill, paged)
+        metrics["bitwise"] = bool(torch.equal(prefill, paged))
+        return verdict(metrics, f"{rows} causal rows, prefill kernel vs the paged kernel")
+
+    def check_mqa_cuda_graph(self) -> CheckResult:
+        if not self.cuda:
+            raise CheckSkipped("CUDA graphs need a GPU")
+        rows, final = self.s.mqa_prefill[0]
+        case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 291)
+        static = case.with_ranges(case.ks, (case.ke // 3).clamp(min=1))
+        self.mqa(static, clean_logits=True)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = self.mqa(static, clean_logits=True)
+        details: dict[str, Any] = {}
+        for name, ke in (("causal", case.ke), ("reversed", case.ke.flip(0)), ("all_1", torch.ones_like(case.ke))):
+            static.ke.copy_(ke)
+            graph.replay()
+            torch.cuda.synchronize()
+            details[f"{name}_equals_eager"] = bool(torch.equal(captured, self.mqa(case.with_ranges(case.ks, ke),
+                                                                                   clean_logits=True)))
+        details["causal_vs_oracle"] = compare(self.mqa(case, clean_logits=True), mqa_oracle_logits(case))
+        del graph
+        ok = all(v for k, v in details.items() if k.endswith("_equals_eager")) and details["causal_vs_oracle"]["ok"]
+        return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
+
+    def check_mqa_extra_memory(self) -> CheckResult:
+        if not self.cuda:
+            raise CheckSkipped("memory statistics need a GPU")
+        rows, final = self.s.mqa_prefill[0]
+        case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 301)
+        self.mqa(case)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = self.mqa(case)
+        torch.cuda.synchronize()
+        peak_extra = torch.cuda.max_memory_allocated() - before
+        out_bytes = out.numel() * out.element_size()
+        details = {"peak_extra_bytes": peak_extra, "logits_bytes": out_bytes, "beyond_logits_bytes": peak_extra - out_bytes}
+        ok = details["beyond_logits_bytes"] <= 2 * 1024 * 1024
+        return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
+
     # ------------------------------------------------------------- driver
 
     def checks(self) -> list[tuple[str, Callable[[], CheckResult]]]:
@@ -570,7 +871,7 @@ class Suite:
                         _bind(self.check_group_rows, group_rows, None, profile)))
         out += [
             ("group_rows_batch", self.check_group_rows_batch),
-            ("group_rows_static_split", self.check_group_rows_static_split),
+            ("group_rows_static_refused", self.check_group_rows_static_refused),
             ("clean_logits", self.check_clean_logits),
             ("cuda_graph_wide", self.check_cuda_graph_wide),
             ("input_forms", self.check_input_forms),
@@ -581,6 +882,22 @@ class Suite:
             ("fp8_twin_oracle", self.check_fp8_twin_oracle),
             ("fp8_twin_vs_upstream_torch", self.check_fp8_twin_vs_upstream_torch),
         ]
+        for heads in self.s.heads:
+            for q_dtype, tag in ((torch.float8_e4m3fn, "fp8"), (torch.bfloat16, "bf16")):
+                out.append((f"mqa_oracle[q={tag},H={heads}]", _bind(self.check_mqa_oracle, q_dtype, heads)))
+        for rows, final in self.s.mqa_prefill[1:]:
+            out.append((f"mqa_prefill[rows={rows},keys={final}]", _bind(self.check_mqa_prefill, rows, final)))
+        out += [
+            ("mqa_chunk_boundaries", self.check_mqa_chunk_boundaries),
+            ("mqa_ks_window", self.check_mqa_ks_window),
+            ("mqa_empty_rows", self.check_mqa_empty_rows),
+            ("mqa_input_forms", self.check_mqa_input_forms),
+            ("mqa_configs", self.check_mqa_configs),
+            ("mqa_reruns", self.check_mqa_reruns),
+            ("mqa_vs_paged", self.check_mqa_vs_paged),
+            ("mqa_cuda_graph", self.check_mqa_cuda_graph),
+            ("mqa_extra_memory", self.check_mqa_extra_memory),
+        ]
         return out
 
     def run_all(self, only: list[str] | None) -> list[CheckResult]:
@@ -588,10 +905,44 @@ class Suite:
         for name, fn in self.checks():
             if only and not any(name.startswith(prefix) for prefix in only):
                 continue
+            if not self.cuda and name not in CPU_CHECKS:
+                fn = _cpu_skip
             result = run_check(name, _oom_safe(fn, self.cuda), after=self.sync if self.cuda else None)
             print(f"[{result.status.value.upper():5}] {name}: {result.summary}", flush=True)
             results.append(result)
         return results
+
+
+# What a CPU runs: the launch logic, and the fp8 twin (which reads raw bytes when interpreted).
+CPU_CHECKS = ("group_rows_static_refused", "fp8_twin_oracle", "fp8_twin_vs_upstream_torch")
+
+
+def _cpu_skip() -> CheckResult:
+    raise CheckSkipped("runs the bf16 kernels, which need a GPU: the Triton interpreter misreads bf16, and the "
+                       "kernels carry no interpreter branch (../shared/GPU.md)")
+
+
+class _ClaimsCuda(torch.Tensor):
+    """A CPU tensor that answers ``is_cuda``: the kernel module asserts CUDA inputs before its
+    launch logic, which the refusal check exercises on a CPU (nothing is launched)."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def _claims_cuda(t: torch.Tensor) -> torch.Tensor:
+    return t.as_subclass(_ClaimsCuda)
+
+
+class _LaunchRecorder:
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](...)`` records the grid, runs nothing."""
+
+    def __init__(self, launched: list[Any]) -> None:
+        self.launched = launched
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *args, **kwargs: self.launched.append(grid)
 
 
 def _widen(table: torch.Tensor, pages: int, fill: int) -> torch.Tensor:
@@ -680,7 +1031,8 @@ def environment(suite: Suite, settings: Settings) -> dict[str, Any]:
         "device": str(settings.device),
         "kernel_module": getattr(suite.module, "__file__", "?"),
         "kernel_route": suite.module_route,
-        "kernel_interpreted": bool(getattr(suite.module, "_INTERPRETED", False)),
+        "prefill_kernel_module": getattr(suite.prefill_module, "__file__", "?"),
+        "prefill_kernel_route": suite.prefill_module_route,
         "lengths": settings.lengths,
         "heads": settings.heads,
         "seed": settings.seed,
@@ -702,7 +1054,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, nargs="+", default=[64, 32])
     parser.add_argument("--reruns", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--small", action="store_true", help="CPU smoke sizes (with TRITON_INTERPRET=1)")
+    parser.add_argument("--small", action="store_true",
+                        help="CPU smoke sizes (with TRITON_INTERPRET=1: the launch logic and the fp8 twin run)")
     parser.add_argument("--only", nargs="+", default=None, help="run checks whose names start with these")
     return parser.parse_args(argv)
 
@@ -726,6 +1079,8 @@ def main(argv: list[str] | None = None) -> int:
         prefill=[(64, 16), (16, 200)] if small else [(4096, 1024), (1024, 4095), (64, 65536)],
         small=small,
         groups=[2, 4],
+        mqa_prefill=[(512, 300), (64, 700)] if small else [(2048, 1023), (8192, 2048), (1024, 4095), (64, 65536)],
+        mqa_chunked=(1024, 255) if small else (16384, 4095),
     )
     suite = Suite(settings)
     meta = environment(suite, settings)

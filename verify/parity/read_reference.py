@@ -263,3 +263,145 @@ def gather_peak_bytes(rows: int, max_pages: int, heads: int) -> int:
     scores (2H B) and their fp32 weighted product (4H B), per row and padded key."""
     keys = rows * max_pages * PAGE
     return keys * (BF16_SLOT_BYTES + 2 * heads + 4 * heads + 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The prefill kernel (bf16_mqa_logits): one request's query rows over its keys, in DeepGEMM's
+# fp8_mqa_logits roles (each row reads keys ks[r] <= j < ke[r]; column j is key j).
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PrefillCase:
+    """Inputs of one ``bf16_mqa_logits`` call over a paged bf16 pool, as the indexer's non-paged
+    plan hands them over: q ``[rows, H, 128]``, head weights, ``ks`` / ``ke`` per row, the
+    request's page table ``[max_pages]`` and the output width ``max_seqlen_k``. Table entries
+    past the request's pages point at a page of NaN, and the slots of its last page past its
+    last key hold NaN: a kernel that loads a key no row may read poisons a row."""
+
+    q: torch.Tensor  # [rows, H, 128] fp8 e4m3 or bf16
+    pool: torch.Tensor  # [pages, 64, 128] bf16
+    weights: torch.Tensor  # [rows, H] fp32
+    ks: torch.Tensor  # [rows] int32
+    ke: torch.Tensor  # [rows] int32
+    page_table: torch.Tensor  # [max_pages] int32
+    max_seqlen_k: int
+    n_keys: int  # the request's keys (those the table's pages hold)
+    poison_page: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
+    def heads(self) -> int:
+        return int(self.q.shape[1])
+
+    def pool_view(self) -> torch.Tensor:
+        """The view the indexer passes: bf16 ``[pages, 64, 1, 128]``."""
+        return self.pool.view(self.pool.shape[0], PAGE, 1, DIM)
+
+    def pool_bytes(self) -> torch.Tensor:
+        return self.pool.view(torch.uint8).view(self.pool.shape[0], BF16_PAGE_BYTES)
+
+    def keys(self) -> torch.Tensor:
+        """The request's keys in order, ``[n_keys, 128]`` bf16 (a contiguous copy)."""
+        pages = self.page_table[: pages_for(self.n_keys)].long()
+        return self.pool[pages].reshape(-1, DIM)[: self.n_keys].contiguous()
+
+    def rows_slice(self, rows: slice) -> PrefillCase:
+        """A row chunk, as the dispatch slices one (same table and width)."""
+        return replace(self, q=self.q[rows], weights=self.weights[rows], ks=self.ks[rows], ke=self.ke[rows])
+
+    def with_ranges(self, ks: torch.Tensor, ke: torch.Tensor) -> PrefillCase:
+        dev = self.ks.device
+        return replace(self, ks=ks.to(dev, torch.int32).contiguous(), ke=ke.to(dev, torch.int32).contiguous())
+
+    def paged_rows(self) -> ReadCase:
+        """The same rows as a paged decode-style call (``bf16_paged_mqa_logits``): each row's
+        table is the request's, its length ``ke`` (valid where ``ks == 0``)."""
+        table = self.page_table[None, :].expand(self.rows, -1).contiguous()
+        return ReadCase(self.q[:, None], self.pool, self.weights, self.ke.clone(), table, self.max_seqlen_k,
+                        self.poison_page)
+
+
+def make_prefill_case(
+    ke: list[int],
+    ks: list[int] | None = None,
+    *,
+    heads: int = 64,
+    q_dtype: torch.dtype = torch.float8_e4m3fn,
+    seed: int = 0,
+    n_keys: int | None = None,
+    width: int | None = None,
+    extra_pages: int = 1,
+    device: str | torch.device = "cpu",
+) -> PrefillCase:
+    """One request of ``n_keys`` keys (default: the largest ``ke``) on shuffled pages, a row per
+    entry of ``ke`` (``ks`` default 0). ``width``: the output width (default the request's keys
+    rounded up to a page, as upstream's non-paged plan sets ``max_seqlen_k``)."""
+    device = torch.device(device)
+    rows = len(ke)
+    ks = [0] * rows if ks is None else list(ks)
+    assert len(ks) == rows
+    n_keys = max(ke + [1]) if n_keys is None else n_keys
+    need = pages_for(n_keys)
+    gen_cpu = torch.Generator(device="cpu").manual_seed(seed)
+    perm = torch.randperm(need + 1, generator=gen_cpu)
+    poison = int(perm[-1])
+    table = torch.full((need + extra_pages,), poison, dtype=torch.int32)
+    table[:need] = perm[:need].to(torch.int32)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    pool = torch.randn((need + 1, PAGE, DIM), generator=gen, device=device).to(torch.bfloat16)
+    pool[poison] = float("nan")
+    if n_keys % PAGE:  # the last page's slots past the request's last key
+        pool[int(table[need - 1]), n_keys % PAGE :] = float("nan")
+    q = torch.randn((rows, heads, DIM), generator=gen, device=device).to(q_dtype)
+    weights = torch.randn((rows, heads), generator=gen, device=device) * heads**-0.5
+    return PrefillCase(
+        q=q,
+        pool=pool,
+        weights=weights,
+        ks=torch.tensor(ks, dtype=torch.int32, device=device),
+        ke=torch.tensor(ke, dtype=torch.int32, device=device),
+        page_table=table.to(device),
+        max_seqlen_k=need * PAGE if width is None else width,
+        n_keys=n_keys,
+        poison_page=poison,
+    )
+
+
+def mqa_oracle_logits(case: PrefillCase, row_block: int = 64, key_chunk: int = 16384) -> torch.Tensor:
+    """fp32 ``[rows, max_seqlen_k]``: ``sum_h relu(q[r, h] . k[j]) * w[r, h]`` in fp64 for
+    ``ks[r] <= j < min(ke[r], n_keys, width)``, ``-inf`` elsewhere (column ``j`` is key ``j``)."""
+    width, rows = case.max_seqlen_k, case.rows
+    device = case.q.device
+    keys = case.keys()
+    n = min(case.n_keys, width)
+    out = torch.full((rows, width), float("-inf"), dtype=torch.float32, device=device)
+    ks = case.ks.long().clamp(min=0)
+    ke = case.ke.long().clamp(max=n)
+    qd, wd = case.q.double(), case.weights.double()
+    for lo in range(0, rows, row_block):
+        hi = min(rows, lo + row_block)
+        top = int(ke[lo:hi].max()) if hi > lo else 0
+        for k0 in range(0, top, key_chunk):
+            k1 = min(top, k0 + key_chunk)
+            kd = keys[k0:k1].double()
+            s = torch.einsum("rhd,kd->rhk", qd[lo:hi], kd).relu_()
+            s = torch.einsum("rhk,rh->rk", s, wd[lo:hi]).float()
+            j = torch.arange(k0, k1, device=device)
+            seen = (j[None, :] >= ks[lo:hi, None]) & (j[None, :] < ke[lo:hi, None])
+            out[lo:hi, k0:k1] = torch.where(seen, s, out[lo:hi, k0:k1])
+    return out
+
+
+def mqa_owned(ks: torch.Tensor, ke: torch.Tensor, width: int, block_k: int) -> torch.Tensor:
+    """Positions ``bf16_mqa_logits`` writes with ``clean_logits=False``: every column of each
+    ``block_k``-key tile that meets the row's ``[ks, ke)`` (empty rows own nothing)."""
+    ks = ks.reshape(-1).long().clamp(min=0)
+    ke = ke.reshape(-1).long().clamp(max=width)
+    cols = torch.arange(width, device=ks.device)
+    tile_lo = cols // block_k * block_k
+    meets = (tile_lo[None, :] < ke[:, None]) & (tile_lo[None, :] + block_k > ks[:, None])
+    return meets & (ks < ke)[:, None]

@@ -15,7 +15,7 @@ Checks (each runs on its own; one failing or erroring does not stop the others):
   read back through the dense bf16 view equal an explicit little-endian decode; no byte outside
   the written slots changed (page 0, where skipped rows point, included).
 - ``unfused_bf16/<case>``: the same keys through ``forward_unified`` with
-  ``SGLANG_OPT_DSV4_UNFUSED_INDEX_K_STORE=1`` into a real bf16 ``DeepSeekV4IndexerPool``: the
+  ``SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR=1`` into a real bf16 ``DeepSeekV4IndexerPool``: the
   same bounds against the reference and against the fused keys; only slot 0 (the dump slot)
   may change besides the written ones.
 - ``fused_via_compressor/<case>``: ``forward_unified`` with the env unset takes the fused kernel

@@ -25,7 +25,7 @@ from verify.parity.store_driver import PAGE_SIZE, Prepared
 from verify.parity.store_layout import FP8_LAYOUT, fill_canary
 
 # Flags that would move a server off the default path; the default-path run must not see them.
-_SERIES_ENV = ("SGLANG_DSV4_BF16_INDEX_K", "SGLANG_OPT_DSV4_UNFUSED_INDEX_K_STORE")
+_SERIES_ENV = ("SGLANG_DSV4_BF16_INDEX_K", "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR")
 WORKER_TIMEOUT_S = 1200
 
 

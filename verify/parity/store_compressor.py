@@ -2,7 +2,7 @@
 
 ``CompressorBackendMixin.forward_unified`` is what the attention backend calls for every C4
 layer: it picks the fused store or the series' unfused path (compress; RMSNorm + RoPE; Hadamard;
-``set_index_k_bf16``) from the pool's index-K format and ``SGLANG_OPT_DSV4_UNFUSED_INDEX_K_STORE``.
+``set_index_k_bf16``) from the pool's index-K format and ``SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR``.
 This module gives it a real bf16 ``DeepSeekV4IndexerPool`` behind the token pool's layer
 mapping, the same plans, out_loc and compress inputs as the kernel-level arms, and a freshly
 zeroed compress state pool, so the keys it stores can be compared with the other arms'.
@@ -20,7 +20,7 @@ import torch
 from verify.parity.store_cases import COMPRESS_RATIO
 from verify.parity.store_driver import HEAD_DIM, PAGE_SIZE, SCORE_WIDTH, Prepared
 
-UNFUSED_ENV = "SGLANG_OPT_DSV4_UNFUSED_INDEX_K_STORE"
+UNFUSED_ENV = "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR"
 LAYER_ID = 1  # model layer 1 = the first C4 layer (layer 0 is a plain one in this mapping)
 
 

@@ -5,8 +5,9 @@ On the GPU machine ``sglang.srt.layers.attention.dsv4.indexer`` does not import 
 ``sgl_kernel`` through ``layernorm``), and on CPU machines it needs torchvision; the platform
 loader then reaches each piece from the upstream source itself:
 
-- ``load_bf16_kernel_module``: patch 4's ``bf16_index_logits`` module (torch + triton only),
-  loaded as a standalone file when the ``sglang`` package's ``__init__`` chain fails.
+- ``load_bf16_kernel_module``: the series' ``bf16_index_logits`` module (torch + triton only),
+  loaded as a standalone file when the ``sglang`` package's ``__init__`` chain fails;
+  ``load_bf16_prefill_module``: its prefill kernel module ``bf16_mqa_logits``, likewise.
 - ``load_upstream_fp8_torch_reader``: upstream's ``fp8_paged_mqa_logits_torch`` (pure torch),
   compiled from the function's own source text in ``indexer.py`` when the module fails.
 
@@ -31,6 +32,16 @@ def load_bf16_kernel_module() -> tuple[ModuleType, str]:
     """Patch 4's kernel module, by package import or else as a standalone file."""
     try:
         module, route = P.load_module("score_bf16")
+    except P.ProfileError as exc:
+        raise UpstreamMissing(str(exc)) from exc
+    return module, route
+
+
+def load_bf16_prefill_module() -> tuple[ModuleType, str]:
+    """The series' prefill kernel module (``bf16_mqa_logits``), by package import or else as a
+    standalone file."""
+    try:
+        module, route = P.load_module("score_bf16_prefill")
     except P.ProfileError as exc:
         raise UpstreamMissing(str(exc)) from exc
     return module, route
