@@ -45,9 +45,12 @@ def test_read_kernels_compile_for_each_gpu() -> None:
     assert sorted(r["target"] for r in production) == ["sm100"] * 7 + ["sm120"] * 7 + ["sm90"] * 8
     assert all(r["ok"] and r["shared_bytes"] <= r["shared_limit"] for r in production), proc.stdout
     sm90 = [r for r in production if r["target"] == "sm90"]
-    assert all(r["tensor_core"] and r["spill_bytes"] == 0 and r["loop_waits"][0] >= 1 for r in sm90)
+    assert all(r["tensor_core"] and r["spill_bytes"] == 0 for r in sm90)
+    # The kernels that stream keys keep one in flight; the prefill kernel holds one tile a program.
+    streaming = [r for r in sm90 if r["kernel"] != "_bf16_mqa_logits_kernel"]
+    assert len(streaming) == 7 and all(r["loop_waits"][0] >= 1 for r in streaming)
     assert all(r["loop_waits"][0] in (1, 2) for r in sm90 if r["kernel"] == paged)
-    stages = {(r["target"], r["variant"]): r["config"]["num_stages"] for r in production}
+    stages = {(r["target"], r["variant"]): r["config"].get("num_stages") for r in production}
     assert stages[("sm90", "MTP verify, groups of 4")] == 3 and stages[("sm120", "MTP verify, groups of 4")] == 2
     before = {r["target"]: r for r in reports if not r["production"] and r["kernel"] == paged}
     assert set(before) == {"sm90", "sm100", "sm120"}
@@ -56,3 +59,6 @@ def test_read_kernels_compile_for_each_gpu() -> None:
     # The prefill kernel: the config each GPU's shared memory selects (sm_120: 128-key tiles).
     prefill = {r["target"]: r["config"] for r in production if r["kernel"] == "_bf16_mqa_logits_kernel"}
     assert prefill["sm90"]["block_k"] == 256 and prefill["sm120"]["block_k"] == 128
+    # Two programs an SM: 128 registers a thread at 8 warps, on sm_90 by the config's cap.
+    assert prefill["sm90"]["maxnreg"] == 128
+    assert all(r["registers"] <= 128 for r in production if r["kernel"] == "_bf16_mqa_logits_kernel")

@@ -468,7 +468,7 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
     old = sc.run_long_prefill(128, module, args, run_once, device="cpu", chunk_bytes=48 * 128 * 4)
     assert old.rows_per_chunk == 48 and old.dispatch_arm == "bf16" and "bf16_prefill" not in old.arms
     # With it: the prefill kernel as the dispatch runs it, and its sweep (each config checked first).
-    args.prefill_configs = ["block_r=32", "rows_per_dot=2"]
+    args.prefill_configs = ["block_r=32", "num_warps=4"]
     args.dense_bf16_tflops = 700.0
     monkeypatch.setattr(sc, "INDEX_TOPK", 16)  # rows of at most 16 keys get empty ranges (512 on a server)
     long = sc.run_long_prefill(192, module, args, run_once, device="cpu", chunk_bytes=60 * 128 * 4,

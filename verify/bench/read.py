@@ -733,7 +733,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         metavar="SPEC",
         help="the long prefill's sweep of the prefill kernel: each SPEC 'field=value[,field=value]' over its "
-        "default config (e.g. block_r=64 rows_per_dot=2); default: PREFILL_SWEEP_SMALL unless --sweep none; "
+        "default config (e.g. block_r=32 num_warps=4,maxnreg=none); default: PREFILL_SWEEP_SMALL unless --sweep none; "
         "no SPEC: none",
     )
     parser.add_argument(

@@ -79,8 +79,8 @@ TARGET_PREFILL_VS_DEEPGEMM = {8192: 2.0, 32768: 1.7, 131072: 1.7}
 # them whole without reading logits): upstream's non-paged plan, for fp8 and bf16 alike.
 INDEX_TOPK = 512
 # The prefill kernel's sweep (--prefill-configs): each spec overrides fields of the default config.
-PREFILL_SWEEP_SMALL = ("block_r=64", "block_r=256", "num_stages=2", "rows_per_dot=2", "keys_in_registers=1",
-                       "upcast_q=1", "block_k=128,num_stages=3")
+PREFILL_SWEEP_SMALL = ("block_r=32", "block_r=128", "num_warps=4", "maxnreg=none", "block_k=128",
+                       "block_k=128,num_warps=4")
 LOGITS_CHUNK_BYTES = 4 * 2**30
 # (requests, final keys, rows per request)
 MTP_SHAPES = {

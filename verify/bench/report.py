@@ -357,11 +357,8 @@ def _swept_best(p: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _prefill_config_tag(config: dict[str, Any]) -> str:
-    tag = f"{config['block_k']}/r{config['block_r']}/w{config['num_warps']}/s{config['num_stages']}"
-    extras = [name for name, on in (("2 rows a dot", config.get("rows_per_dot", 1) == 2),
-                                    ("keys in registers", config.get("keys_in_registers")),
-                                    ("q upcast", config.get("upcast_q"))) if on]
-    return tag + (f" ({', '.join(extras)})" if extras else "")
+    tag = f"{config['block_k']}/r{config['block_r']}/w{config['num_warps']}"
+    return tag + (f"/{config['maxnreg']} registers" if config.get("maxnreg") else "")
 
 
 def prefill_kernel_table(art: Artifacts) -> list[str]:

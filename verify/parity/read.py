@@ -777,9 +777,9 @@ class Suite:
         configs = dict(module.CONFIGS)
         cls = module.Bf16MqaLogitsConfig
         configs.update({
-            "rows_per_dot=2": cls(rows_per_dot=2, block_r=128),
-            "keys_in_registers": cls(keys_in_registers=True),
-            "upcast_q": cls(upcast_q=True),
+            "block_r=128": cls(block_r=128),
+            "block_r=16, 4 warps": cls(block_r=16, num_warps=4),
+            "no register cap": cls(maxnreg=None),
             "block_k=64, 4 warps": cls(block_k=64, num_warps=4, block_r=64),
         })
         details: dict[str, Any] = {}
