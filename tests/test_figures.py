@@ -123,11 +123,11 @@ def test_the_gpu_tests_block_counts_a_failure_in_a_junit_file(tmp_path: Path) ->
 
 def test_what_sessions_7_and_8_say_about_the_deepgemm_anchor_holds_in_the_committed_bench() -> None:
     """The results README's session-7 prose that session 8's bench repeats, against
-    `bench/bench_read.json`: DeepGEMM's paged scorer beats the twin's best on every decode shape of
+    `bench/session-8/bench_read.json` (session 8's bench, kept beside the latest): DeepGEMM's paged scorer beats the twin's best on every decode shape of
     >= 8K keys, its non-paged call beats every paged path at the long prefill, the grouped MTP mode
     is further from DeepGEMM than from the twin; and the one it does not: at one of the two largest
     decode shapes bf16 at its default config is just past the key-byte ratio of DeepGEMM."""
-    read = json.loads((ROOT / figures.H200 / "bench/bench_read.json").read_text())
+    read = json.loads((ROOT / figures.H200 / "bench/session-8/bench_read.json").read_text())
     decode = [r for r in read["results"] if r["shape"]["mode"] == "decode" and not r["shape"].get("width")
               and r["shape"]["keys"] >= 8192]
     assert decode and all(r["fp8_deepgemm"]["ms"] < r["fp8_best"]["ms"] for r in decode)
@@ -151,7 +151,7 @@ def test_what_session_8_says_about_the_grouped_config_holds_in_its_artifacts() -
     four-draft-token arms scored in groups of four, three stages under sm90 and two under sm120."""
     from verify.bench import report
 
-    read = json.loads((ROOT / figures.H200 / "bench/bench_read.json").read_text())
+    read = json.loads((ROOT / figures.H200 / "bench/session-8/bench_read.json").read_text())
     for m in read["mtp"]:
         config = m["grouped"]["config"]
         smem = report.grouped_smem_bytes(config["block_n"], config["num_stages"], m["next_n"], read["meta"]["heads"])

@@ -440,11 +440,15 @@ def speed(root: Path) -> str:
     return report.render_body(art)
 
 
+# The grouped MTP sweep session 8 ran (later sessions' benches sweep the prefill scorer instead).
+MTP_SWEEP_BENCH = "bench/session-8"
+
+
 def mtp_sweep(root: Path) -> str:
     from verify.bench import report
 
     try:
-        art = report.load(root / H200 / "bench")
+        art = report.load(root / H200 / MTP_SWEEP_BENCH)
     except FileNotFoundError as exc:
         return f"_Not measured yet: {exc}._\n"
     return "\n".join(report.mtp_sweep_table(art)) + "\n"
