@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import shutil
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -29,6 +30,8 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     printed = io.StringIO()
     with redirect_stdout(printed):
         assert main(["--out", str(out)]) == 0
+    # Quieting the configurator must not outlive the call: a later test's assertLogs relies on it.
+    assert logging.root.manager.disable == logging.NOTSET
     return json.loads(out.read_text()), printed.getvalue()
 
 

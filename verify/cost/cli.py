@@ -54,7 +54,6 @@ def selected_models(args: argparse.Namespace) -> list[ModelShape]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.disable(logging.INFO)  # the configurator logs every sizing it computes
     models = selected_models(args)
     serving = {
         m.name: Serving(args.gpu_memory_gib, args.mem_fraction_static,
@@ -63,7 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for m in models
     }
     bench_source = args.bench.resolve().relative_to(ROOT).as_posix() if args.bench.resolve().is_relative_to(ROOT) else str(args.bench)
-    data = measure(models, serving, Bench.load(args.bench, bench_source), args.lengths, args.decode_rows)
+    # The configurator logs every sizing it computes; quiet it for this call only, so a caller in
+    # the same process (a test run) keeps its logging.
+    previous = logging.root.manager.disable
+    logging.disable(logging.INFO)
+    try:
+        data = measure(models, serving, Bench.load(args.bench, bench_source), args.lengths, args.decode_rows)
+    finally:
+        logging.disable(previous)
     print("Assumptions:\n" + assumptions_text(data))
     print(markdown(data))
     if args.out is not None:
