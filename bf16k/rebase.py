@@ -1317,12 +1317,20 @@ def _bump_last_update(repo: Path, state: dict[str, Any]) -> list[str]:
     return bumped
 
 
-def _final_reasons(state: dict[str, Any], carried_names: list[str], rd: rangediff.RangeDiff) -> list[Reason]:
-    """This carry's reasons, plus the replaced carry's for patches a human still changed."""
+def _final_reasons(state: dict[str, Any], exported: list[tuple[str, bytes]], rd: rangediff.RangeDiff) -> list[Reason]:
+    """This carry's reasons, plus the replaced carry's for patches a human still changed, in files
+    the carried patch touches or its range-diff shows (a reason for a file neither has any more
+    explains nothing)."""
     new = [Reason(**r) for r in state.get("reasons", [])]
     unchanged = {e.name for e in rd.entries if e.cls == rangediff.UNCHANGED}
+    text = {name: data.decode("utf-8", "replace") for name, data in exported}
+    shown = {(e.name, h.path) for e in rd.entries for h in e.hunks}
     old = [Reason(**r) for r in state.get("prev_reasons", [])]
-    old = [r for r in old if r.patch in carried_names and r.patch not in unchanged]
+    old = [r for r in old if r.patch in text and r.patch not in unchanged
+           and ((r.patch, r.path) in shown or f"diff --git a/{r.path} b/" in text[r.patch])]  # fmt: skip
+    # A reason said again in this carry for the same file (another scope) replaces the old one.
+    said = {(r.patch, r.path, r.why) for r in new}
+    old = [r for r in old if (r.patch, r.path, r.why) not in said]
     return reasonsmod.dedupe(old + new)
 
 
@@ -1351,7 +1359,7 @@ def finish(root: Path, repo: Path, state: dict[str, Any]) -> Outcome:
     left = gitutil.dirty_paths(repo)
     notes = {name: f"Applied-Upstream: {v}" for name, v in dropped.items()}
     rd = rangediff.classify(repo, state["old_base"], state["old_tip"], new_base, head, notes=notes)
-    reasons = _final_reasons(state, carried_names, rd)
+    reasons = _final_reasons(state, exported, rd)
     pin = pinmod.load(root / "pin.toml")
     if state["commit"]:
         message = _move_pin(root, repo, state, pin, exported, rd, dropped, reasons)

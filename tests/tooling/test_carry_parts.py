@@ -138,3 +138,20 @@ def test_hunk_changes_ignore_context_and_scope_each_change(tmp_path: Path) -> No
     assert [(c.path, c.scope) for c in changes] == [("m.py", "g")]
     assert changes[0].lines == [" -    return 1", "-+    return 11", "++    return 12"]
     del nbase
+
+
+def test_a_recarry_keeps_only_the_old_reasons_that_still_explain_something() -> None:
+    """Old reasons survive a re-carry for files the carried patch touches or its range-diff shows;
+    one for a file neither has any more, or one the maintainer said again, is dropped."""
+    patch = "mempool.patch"
+    exported = [(patch, f"diff --git a/{POOL} b/{POOL}\n".encode())]
+    shown = rangediff.HunkChange("python/sglang/srt/disaggregation/decode.py", "", ["-+    x"])
+    rd = rangediff.RangeDiff([rangediff.Entry(rangediff.CONTENT_CHANGED, 1, 1, patch, patch, "s", hunks=[shown])], "")
+    gone = reasons.Reason(patch, "python/sglang/test/old_layout/test_x.py", "f", "moved since", "tests")
+    in_patch = reasons.Reason(patch, POOL, "Pool", "keep both", "conflict")
+    in_rd = reasons.Reason(patch, shown.path, "", "upstream has it", "conflict")
+    said_again = reasons.Reason(patch, POOL, "Pool.create", "kept as before", "conflict")
+    old_said = reasons.Reason(patch, POOL, "Pool", "kept as before", "conflict")
+    state = {"prev_reasons": [r.as_dict() for r in (gone, in_patch, in_rd, old_said)],
+             "reasons": [said_again.as_dict()]}  # fmt: skip
+    assert rebase._final_reasons(state, exported, rd) == [in_patch, in_rd, said_again]
