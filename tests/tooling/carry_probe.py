@@ -12,7 +12,7 @@ import pytest
 from bf16k import gitutil, patches, seriestests
 
 from .conftest import TRAILERS, WHY, Product
-from .test_rebase import _cli
+from .rebase_support import _cli
 
 REL = "0.5.23"
 PROBE = "test/registered/unit/test_release_probe.py"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bf16k import gitutil, patches, upstream
+from bf16k import gitutil, patches, rebase, upstream
 from bf16k import pin as pinmod
 from bf16k.project import SUBMODULE_PATH, Target
 
@@ -143,3 +143,26 @@ def break_first_patch(series_dir: Path) -> str:
     path = series_dir / name
     path.write_bytes(path.read_bytes().replace(b"\n FP8_DTYPE = ", b"\n FP8_DTYPE_RENAMED = ", 1))
     return name
+
+
+@pytest.fixture(scope="session")
+def wheel_523(real_pin: pinmod.Pin) -> Path:
+    wheel = rebase.release_wheel("0.5.23", real_pin)
+    assert rebase.wheel_has_dsv4(wheel)
+    return wheel
+
+
+@pytest.fixture
+def no_gate(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The carry's test gate, recorded instead of run, for the tests about carrying itself
+    (conflicts, replay, the pin, range-diff): their series has no tests and touches the indexer
+    module, which the gate's bisect would import at every prefix (~20 s each) for nothing they
+    look at. The gate runs for real in test_carry.py."""
+    calls: list[str] = []
+
+    def record(root: Path, repo: Path, state: dict[str, object]) -> None:
+        calls.append(str(state["version"]))
+        state["verified"] = {"tests": "not run here", "tests_seconds": 0, "bisect": "", "bisect_seconds": 0}
+
+    monkeypatch.setattr(rebase, "_verify", record)
+    return calls

@@ -17,7 +17,7 @@ from bf16k import carried, patches, project, rebase, series
 
 from .carry_probe import NODE, NOTES_PATCH, PROBE, PROBE_PATCH, REL, _tree, make_probe_product
 from .conftest import REPO_ROOT, Product
-from .test_rebase import _cli
+from .rebase_support import _cli
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from bf16k import gitutil, patches, project, seriestests
 
 from .carry_probe import NODE, PROBE, PROBE_PATCH, REL, _carry_probe_with_fix, _commit, make_probe_product
 from .conftest import Product
-from .test_rebase import _cli
+from .rebase_support import _cli
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from .carry_probe import (
     make_probe_product,
 )
 from .conftest import Product
-from .test_rebase import _cli
+from .rebase_support import _cli
 
 
 @pytest.fixture

@@ -7,11 +7,7 @@ PyPI (downloaded once into the bf16k cache by `rebase.release_wheel`). Imports a
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import io
 import shutil
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -19,109 +15,23 @@ import pytest
 from bf16k import gitutil, patches, project, rangediff, rebase, series, upstream
 from bf16k import pin as pinmod
 from bf16k.errors import ToolError
-from bf16k.project import Target
 
-from .conftest import INDEXER, TRAILERS, WHY, Product, break_first_patch, commit_files, scratch_repo
+from .conftest import INDEXER, Product, commit_files, scratch_repo
+from .rebase_support import (
+    COMPRESSOR_IMPORT,
+    CONFLICT_NAME,
+    Q_BACKPORT,
+    Q_CONFLICT,
+    Q_SIGNATURE,
+    REL,
+    _add,
+    _carried_tree,
+    _cli,
+    _context_only_patch,
+    _snapshot,
+)
 
-REL = "0.5.23"
-COMPRESSOR_IMPORT = "    from sglang.srt.layers.attention.dsv4.compressor import ("
-Q_SIGNATURE = """        weight: torch.Tensor,
-    ) -> Tuple[IndexerQuery, torch.Tensor]:
-        q, _ = self.wq_b(q_lora)
-"""
-# 0.5.23 made exactly this change (plus a comment line above the call): a backport.
-Q_BACKPORT = """        weight: torch.Tensor,
-        q_lora_quant=None,
-    ) -> Tuple[IndexerQuery, torch.Tensor]:
-        q, _ = self.wq_b(q_lora if q_lora_quant is None else q_lora_quant)
-"""
-# A change of the same line 0.5.23 changed differently: a real conflict.
-Q_CONFLICT = """        weight: torch.Tensor,
-    ) -> Tuple[IndexerQuery, torch.Tensor]:
-        q, _ = self.wq_b(q_lora.contiguous())
-"""
-CONFLICT_NAME = "indexer-make-q-lora-contiguous.patch"
-
-
-@pytest.fixture(scope="session")
-def wheel_523(real_pin: pinmod.Pin) -> Path:
-    wheel = rebase.release_wheel(REL, real_pin)
-    assert rebase.wheel_has_dsv4(wheel)
-    return wheel
-
-
-def _add(p: Product, path: str, old: str | None, new: str, subject: str) -> None:
-    p.commit_patch(path, old, new, subject, WHY, TRAILERS)
-
-
-def _context_only_patch(p: Product) -> None:
-    # Inserted two lines above the import 0.5.23 renamed: its context changes, its +/- lines don't.
-    _add(
-        p,
-        INDEXER,
-        "if TYPE_CHECKING:\n",
-        "if TYPE_CHECKING:\n    # bf16k test: context marker\n",
-        "[DSV4] indexer: add a context marker",
-    )
-
-
-def _snapshot(root: Path) -> dict[str, bytes]:
-    """series/, pin.toml and CHANGELOG.md as bytes (what a carry must not touch)."""
-    files = {str(p.relative_to(root)): p.read_bytes() for p in (root / "series").rglob("*") if p.is_file()}
-    for name in ("pin.toml", "CHANGELOG.md"):
-        if (root / name).is_file():
-            files[name] = (root / name).read_bytes()
-    return files
-
-
-def _tree_hash(root: Path) -> str:
-    """Every path and byte under root, git internals included."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def _cli(root: Path, *args: str) -> tuple[int, str, str]:
-    """The commands as `python -m bf16k` runs them once cli.py registers them."""
-    parser = argparse.ArgumentParser(prog="bf16k")
-    parser.add_argument("--root")
-    sub = parser.add_subparsers(dest="command", required=True)
-    rebase.register(sub)
-    rangediff.register(sub)
-    ns = parser.parse_args(["--root", str(root), *args])
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            code = int(ns.func(ns))
-        except ToolError as exc:
-            print(f"error: {exc}", file=err)
-            code = 2
-    return code, out.getvalue(), err.getvalue()
-
-
-def _carried_tree(root: Path) -> Path:
-    return root / "build" / "upstream" / REL
-
-
-@pytest.fixture(autouse=True)
-def no_gate(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The carry's test gate, recorded instead of run.
-
-    These tests are about carrying itself (conflicts, replay, the pin, range-diff); their series
-    has no tests and touches the indexer module, which the gate's bisect would import at every
-    prefix (~20 s each) for nothing they look at. The gate runs for real in test_carry.py.
-    """
-    calls: list[str] = []
-
-    def record(root: Path, repo: Path, state: dict[str, object]) -> None:
-        calls.append(str(state["version"]))
-        state["verified"] = {"tests": "not run here", "tests_seconds": 0, "bisect": "", "bisect_seconds": 0}
-
-    monkeypatch.setattr(rebase, "_verify", record)
-    return calls
-
+pytestmark = pytest.mark.usefixtures("no_gate")
 
 # --------------------------------------------------------------------------- clean carry
 
@@ -200,49 +110,6 @@ def test_clean_carry_writes_series_next_and_leaves_pin_alone(
     written = (p.root / "build" / f"range-diff-{REL}.md").read_text()
     assert "| 3 → 3 | `indexer-add-a-context-marker.patch` | context-only |" in written
     assert "context-only" in out
-
-
-# --------------------------------------------------------------------------- the pin moves
-
-
-def test_commit_moves_pin_series_and_gitlink(two_patch_product: Product, wheel_523: Path) -> None:
-    p = two_patch_product
-    old_pin = p.target.load_pin()
-    names = series.read_order(p.root / "series")
-    given = "1234567890abcdef1234567890abcdef12345678"  # the maintainer's word for 0.5.23's commit
-    code, _, err = _cli(p.root, "rebase", REL, "--commit", given)
-    assert code == 0, err
-    pin = pinmod.load(p.root / "pin.toml")
-    assert (pin.version, pin.tag, pin.commit) == (REL, f"v{REL}", given)
-    assert pin.wheel.filename == wheel_523.name and pin.wheel.sha256 == upstream.sha256_file(wheel_523)
-    assert pin.wheel.base_commit and pin.wheel.base_commit != old_pin.wheel.base_commit
-    assert set(pin.fingerprint) == set(old_pin.fingerprint)
-    assert series.read_order(p.root / "series") == names
-    assert not (p.root / "series" / "next" / REL).exists()
-    entry = gitutil.out(["ls-files", "--stage", "--", "sglang-upstream"], p.root)
-    assert entry.startswith(f"160000 {given} ")
-    assert f"Moved the pin from sglang 0.5.21 to {REL}" in (p.root / "CHANGELOG.md").read_text()
-    assert (p.root / "build" / f"range-diff-{REL}.md").is_file()
-    # Once committed, the moved pin passes `check`: the wheel path rebuilds the recorded base
-    # (a standalone import, like the pinned one) and the series exports byte-identically.
-    gitutil.git(["add", "pin.toml", "series", "CHANGELOG.md"], p.root)
-    gitutil.git(["commit", "-q", "-m", "move the pin"], p.root)
-    report = patches.check(Target(p.root, None))
-    assert report.problems == [], report.problems
-
-
-def test_commit_fast_forwards_a_current_carried_series(two_patch_product: Product, wheel_523: Path) -> None:
-    p = two_patch_product
-    assert _cli(p.root, "rebase", REL)[0] == 0
-    nxt = p.root / "series" / "next" / REL
-    carried = {q.name: q.read_bytes() for q in nxt.glob("*.patch")}
-    given = "abcdefabcdefabcdefabcdefabcdefabcdefabcd"
-    code, out, err = _cli(p.root, "rebase", REL, "--commit", given)
-    assert code == 0, err
-    assert "fast-forward" in out
-    assert {q.name: q.read_bytes() for q in (p.root / "series").glob("*.patch")} == carried
-    assert pinmod.load(p.root / "pin.toml").commit == given
-    assert not nxt.exists()
 
 
 # --------------------------------------------------------------------------- conflicts
@@ -350,33 +217,6 @@ def test_patches_upstream_already_has_are_dropped_and_recorded(two_patch_product
 # --------------------------------------------------------------------------- git-ref target
 
 
-def test_git_ref_target_from_a_local_file_upstream_moves_the_pin(
-    two_patch_product: Product, tmp_path: Path, real_pin: pinmod.Pin, wheel_523: Path
-) -> None:
-    """A networked upstream stood in for by a file:// repository: v0.5.21 and v0.5.23 tags."""
-    p = two_patch_product
-    cache, ref_old, old = upstream.cached_import(real_pin)
-    rpin = rebase.release_pin(real_pin, rebase.Release(REL, f"v{REL}", "wheel", "", ""), wheel_523)
-    _, ref_new, new = upstream.cached_import(rpin, parent=real_pin, parent_commit=old, wheel_file=wheel_523)
-    remote = tmp_path / "sglang.git"
-    gitutil.git(["init", "-q", "--bare", str(remote)], tmp_path)
-    gitutil.git(
-        ["fetch", "-q", str(cache), f"{ref_old}:refs/tags/v0.5.21", f"{ref_new}:refs/tags/v{REL}"], remote
-    )
-    pin = p.target.load_pin()
-    pin.commit, pin.repository = old, remote.as_uri()  # the pinned commit is the v0.5.21 tag
-    pinmod.save(pin, p.target.pin_path)
-
-    code, out, err = _cli(p.root, "rebase", f"v{REL}")
-    assert code == 0, err + out
-    moved = pinmod.load(p.root / "pin.toml")
-    assert (moved.version, moved.tag, moved.commit) == (REL, f"v{REL}", new)  # read from the clone
-    assert moved.wheel.filename == wheel_523.name
-    assert gitutil.out(["ls-files", "--stage", "--", "sglang-upstream"], p.root).startswith(f"160000 {new} ")
-    code, _, err = _cli(p.root, "rebase", "v9.9.9")
-    assert code == 2 and "could not fetch v9.9.9" in err
-
-
 # --------------------------------------------------------------------------- range-diff classes
 
 
@@ -438,81 +278,6 @@ def test_changed_lines_reads_removed_lines_that_look_like_headers(tmp_path: Path
     _tiny_commit(repo, {"x.txt": "-- a\nkeep\n"}, "one")
     c = _tiny_commit(repo, {"x.txt": "++ b\nkeep\n"}, "two")
     assert rangediff.changed_lines(repo, c) == {"x.txt": (("-- a",), ("++ b",))}
-
-
-# --------------------------------------------------------------------------- rebase-check
-
-
-@pytest.mark.slow
-def test_rebase_check_reports_per_patch_and_changes_nothing(two_patch_product: Product) -> None:
-    p = two_patch_product
-    assert _cli(p.root, "rebase", REL)[0] == 0  # a committed carried series of the two patches
-    _add(p, INDEXER, Q_SIGNATURE, Q_CONFLICT, "[DSV4] indexer: make q_lora contiguous")
-    patches.export(p.target)
-    gitutil.git(["add", "-A", "series", "pin.toml"], p.root)
-    gitutil.git(["commit", "-q", "-m", "series"], p.root)
-    before = _tree_hash(p.root)
-
-    code, out, err = _cli(p.root, "rebase-check", "--releases", REL)
-    assert code == 0, err
-    assert _tree_hash(p.root) == before
-    assert f"## sglang {REL}: 1 of 3 patches conflict" in out
-    assert "| 1 | `indexer-add-a-marker-line.patch` | clean |" in out
-    assert f"| 3 | `{CONFLICT_NAME}` | conflict | `srt/layers/attention/dsv4/indexer.py:" in out
-    assert "(C4Indexer.compute_q) | – |" in out  # not carried yet: nothing resolves it
-    assert f"`series/next/{REL}/`: applies on its release, exports byte-identically, its series tests pass" in out
-
-    # A committed carried series that no longer applies fails the check.
-    nxt = p.root / "series" / "next" / REL
-    break_first_patch(nxt)
-    before = _tree_hash(p.root)
-    code, out, err = _cli(p.root, "rebase-check", "--releases", REL)
-    assert code == 1
-    assert f"`series/next/{REL}/`: **FAILS**" in out and "does not apply" in out
-    assert _tree_hash(p.root) == before
-
-
-HELPER = "python/sglang/srt/layers/attention/dsv4/bf16k_helper.py"
-
-
-def test_rebase_check_counts_conflicts_the_way_a_carry_meets_them(two_patch_product: Product) -> None:
-    """Patch 3 conflicts and creates a module patch 4 edits. Left out, patch 3 would make patch 4
-    fail too (what the check used to count); a carry resolves 3 first and 4 applies cleanly."""
-    p = two_patch_product
-    f = p.upstream / INDEXER
-    f.write_text(f.read_text().replace(Q_SIGNATURE, Q_CONFLICT, 1))
-    (p.upstream / HELPER).write_text('"""bf16k test helper"""\nVALUE = 1\n')
-    gitutil.git(["add", "--", INDEXER, HELPER], p.upstream)
-    gitutil.git(["commit", "-q", "-m", f"[DSV4] indexer: contiguous q_lora and a helper\n\n{WHY}\n\n{TRAILERS}\n"],
-                p.upstream)  # fmt: skip
-    _add(p, HELPER, "VALUE = 1\n", "VALUE = 2\n", "[DSV4] helper: two")
-    patches.export(p.target)
-    gitutil.git(["add", "-A", "series", "pin.toml"], p.root)
-    gitutil.git(["commit", "-q", "-m", "series"], p.root)
-    names = series.read_order(p.root / "series")
-
-    code, out, err = _cli(p.root, "rebase-check", "--releases", REL, "--no-tests")
-    assert code == 0, err
-    assert f"## sglang {REL}: 1 of 4 patches conflict\n" in out
-    assert f"| 3 | `{names[2]}` | conflict |" in out and f"| 4 | `{names[3]}` | clean |" in out
-
-    # Carry it, resolving patch 3 by hand: now the check names the carried series that resolves it.
-    assert _cli(p.root, "rebase", REL)[0] == 1
-    tree = _carried_tree(p.root)
-    lines = (tree / INDEXER).read_text().split("\n")
-    start = next(i for i, line in enumerate(lines) if line.startswith("<<<<<<< "))
-    end = next(i for i, line in enumerate(lines) if line.startswith(">>>>>>> "))
-    fix = "        q, _ = self.wq_b((q_lora if q_lora_quant is None else q_lora_quant).contiguous())"
-    (tree / INDEXER).write_text("\n".join(lines[:start] + [fix] + lines[end + 1 :]))
-    code, out, err = _cli(p.root, "rebase", "--continue", "-m", "indexer.py: keep 0.5.23's quant, contiguous")
-    assert code == 0, out + err
-    gitutil.git(["add", "-A", "series", "CHANGELOG.md"], p.root)
-    gitutil.git(["commit", "-q", "-m", "carried"], p.root)
-    code, out, err = _cli(p.root, "rebase-check", "--releases", REL, "--no-tests")
-    assert code == 0, err
-    assert f"## sglang {REL}: 1 of 4 patches conflict, all resolved by a carried series" in out
-    assert f"`series/next/{REL}/` (replays cleanly) |" in out and f"| 4 | `{names[3]}` | clean |" in out
-    assert f"replays `series/next/{REL}/` cleanly for 4 patches" in out
 
 
 def test_newer_releases_skips_pre_releases_and_older(real_pin: pinmod.Pin) -> None:
