@@ -156,6 +156,12 @@ def _scorer_label(role: str, replaced: Sequence[str]) -> str:
     return role
 
 
+def _mean_or_none(values: list[float | None]) -> float | None:
+    """The mean of the values recorded (runs before a field existed have none), to 4 places."""
+    got = [v for v in values if v is not None]
+    return round(sum(got) / len(got), 4) if got else None
+
+
 def forward_arms(root: Path) -> dict[str, Any] | None:
     """Per profile and arm, over the merged forward runs: what README's forward table quotes.
     Written to ``FORWARD_ARMS`` by ``--write`` (the figures stand in a committed artifact) and
@@ -175,6 +181,7 @@ def forward_arms(root: Path) -> dict[str, Any] | None:
             "min_same_input_agreement": round(min((x["numbers"]["min_recall_same_input"] for x in sel),
                                                   default=float("nan")), 4),
             "mean_exact_oracle_recall": round(sum(x["recall_exact"] for x in sel) / len(sel), 4) if sel else None,
+            "mean_reference_recall": _mean_or_none([x.get("recall_reference") for x in sel]),
             "peak_mib": round(max((s["peak_mb"] or 0 for s in steps), default=0)),
             "replaced": meta.get("replaced", []),
         })
@@ -187,19 +194,26 @@ def forward(root: Path) -> str:
     summary = forward_arms(root)
     if summary is None:
         return _missing(_forward_results(root)[0][0], "verify/gpu/run.sh setup forward")
-    rows = ["| profile | arm | steps passed | scorer | top-k | min same-input agreement | mean exact-oracle recall | peak MiB |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| profile | arm | steps passed | scorer | top-k | min same-input agreement | mean exact-oracle recall "
+            "| mean overlap with DeepSeek's reference selection | peak MiB |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for a in summary["arms"]:
         exact = "n/a" if a["mean_exact_oracle_recall"] is None else f"{a['mean_exact_oracle_recall']:.4f}"
+        ref = a.get("mean_reference_recall")
+        ref_text = "not recorded" if ref is None else f"{ref:.4f}"
         rows.append(f"| {a['profile']} | {a['arm']} | {a['steps_passed']}/{a['steps']} | {', '.join(a['scorers'])} | "
-                    f"{', '.join(a['topks'])} | {a['min_same_input_agreement']:.4f} | {exact} | {a['peak_mib']} |")
+                    f"{', '.join(a['topks'])} | {a['min_same_input_agreement']:.4f} | {exact} | {ref_text} | "
+                    f"{a['peak_mib']} |")
     from verify.forward.checks import flag_off_status
 
     replaced = sorted({r for a in summary["arms"] for r in a["replaced"]})
     base = "; ".join("{}: {} ({})".format(p, *flag_off_status(b)) for p, b in summary["baseline"].items()) or "not run"
     sources = ", ".join(f"`{r}`" for r in summary["sources"])
     return (f"Source {sources} ({summary['gpu']}), per arm in `{FORWARD_ARMS}`; scenarios: "
-            f"{', '.join(summary['scenarios'])}.\n\n" + "\n".join(rows)
+            f"{', '.join(summary['scenarios'])}. The reference column (reported, not gated) is the mean "
+            "tie-aware overlap of each step's selection with what DeepSeek's reference numerics (fp4 q x "
+            "fp4 keys) select on the same inputs; runs made before it was recorded say so.\n\n"
+            + "\n".join(rows)
             + "\n\nReplaced in these runs (each arm's `replaced` list says which):\n\n"
             + "".join(f"- {r}\n" for r in replaced)
             + f"\nFlag off vs the unpatched tree: {base}.\n")
