@@ -194,8 +194,8 @@ def forward(root: Path) -> str:
     summary = forward_arms(root)
     if summary is None:
         return _missing(_forward_results(root)[0][0], "verify/gpu/run.sh setup forward")
-    rows = ["| profile | arm | steps passed | scorer | top-k | min same-input agreement | mean exact-oracle recall "
-            "| mean overlap with DeepSeek's reference selection | peak MiB |",
+    rows = [("| profile | arm | steps passed | scorer | top-k | min same-input agreement | mean exact-oracle recall "
+             "| mean overlap with DeepSeek's reference selection | peak MiB |"),
             "|---|---|---|---|---|---|---|---|---|"]
     for a in summary["arms"]:
         exact = "n/a" if a["mean_exact_oracle_recall"] is None else f"{a['mean_exact_oracle_recall']:.4f}"
