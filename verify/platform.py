@@ -316,7 +316,7 @@ FUNCTIONS: dict[str, tuple[str, str]] = {
     "score_torch_sm120": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch_sm120"),
     "score_aiter": ("sglang.srt.layers.attention.dsv4.indexer", "_aiter_fp8_paged_mqa_logits"),
     "score_deepgemm": ("deep_gemm", "fp8_paged_mqa_logits"),
-    "score_twin": ("verify.bench.fp8_twin", "fp8_paged_mqa_logits_twin"),
+    "score_twin": ("verify.core.fp8_twin", "fp8_paged_mqa_logits_twin"),
     "topk_v1": ("sglang.kernels.ops.attention.dsv4.topk", "topk_transform_paged"),
     "topk_v2": ("sglang.kernels.ops.attention.dsv4", "topk_transform_paged_v2"),
     "topk_v2_plan": ("sglang.kernels.ops.attention.dsv4", "plan_topk_v2"),

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
     # Before any Triton kernel module is imported: triton.jit reads it at decoration time.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from verify.bench import fp8_twin
+from verify.core import fp8_twin
 from verify.parity.read_reference import (
     FP8_PAGE_BYTES,
     PAGE,

@@ -58,7 +58,7 @@ print("RESULT " + json.dumps({"status": chk.status, "detail": chk.detail}))
 """
 
 
-@pytest.mark.skipif(not (REPO / "verify/bench/fp8_twin.py").exists(), reason="verify/bench/fp8_twin.py absent")
+@pytest.mark.skipif(not (REPO / "verify/core/fp8_twin.py").exists(), reason="verify/core/fp8_twin.py absent")
 def test_triton_fp8_twin_interpreted():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", TWIN_PROBE], check=False, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)

@@ -7,7 +7,7 @@ Per shape, in one process on one GPU:
 - **bf16**: patch 4's Triton kernel (``bf16_paged_mqa_logits``), its default config and a sweep
   of its block configs (``CONFIG_SWEEP``, then keys-per-program variants of the best); the best
   is reported.
-- **fp8**: ``verify.bench.fp8_twin`` -- a Triton twin of the bf16 kernel over upstream's fp8
+- **fp8**: ``verify.core.fp8_twin`` -- a Triton twin of the bf16 kernel over upstream's fp8
   index-K pages (132 B per key), swept over the same small config set. DeepGEMM's
   ``fp8_paged_mqa_logits`` crashes on the GPU machine, so this twin stands in for it.
 - **gather**: gather each row's pages into a bf16 ``[rows, len, 128]`` copy, then bmm (what
@@ -302,7 +302,7 @@ def sweep_configs(module: Any, level: str) -> list[Any]:
 def deepgemm_paged(case: Any, fp8_view: torch.Tensor, tables: list[torch.Tensor], args: argparse.Namespace) -> Timing:
     """DeepGEMM's paged fp8 scorer on the same pages as the twin, checked against it first."""
     from verify.bench import deepgemm_arm
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     label = "DeepGEMM fp8_paged_mqa_logits"
     dg, how = deepgemm_arm.load()
@@ -318,7 +318,7 @@ def deepgemm_paged(case: Any, fp8_view: torch.Tensor, tables: list[torch.Tensor]
 
 
 def run_shape(shape: Shape, module: Any, args: argparse.Namespace) -> ShapeResult:
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     lengths = shape.lengths()
     visible = sum(lengths)
@@ -791,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": torch.cuda.get_device_name(),
         "kernel_module": getattr(module, "__file__", "?"),
         "kernel_route": route,
-        "fp8_baseline": "verify.bench.fp8_twin (Triton twin over upstream's 132-B fp8 pages); DeepGEMM's own arm where it imports",
+        "fp8_baseline": "verify.core.fp8_twin (Triton twin over upstream's 132-B fp8 pages); DeepGEMM's own arm where it imports",
         "timing": (
             f"CUDA-graph replay median per call, rep {args.rep_ms} ms, keys replicated to >= 256 MiB per replay (cold L2)"
             if args.timing == "graph"

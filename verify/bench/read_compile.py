@@ -314,7 +314,7 @@ def prefill_variants(module: Any, target: str, all_variants: bool = False) -> li
 def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = ("sm90",)) -> list[CompileReport]:
     """The bf16 kernel (fp8 and bf16 q) for each target, and the fp8 twin (sm_90: it stands in for
     DeepGEMM on the H200); the default configs or, with ``all_configs``, the whole sweep."""
-    from verify.bench import fp8_twin
+    from verify.core import fp8_twin
     from verify.parity.upstream_read import load_bf16_kernel_module
 
     if fp8_twin.INTERPRETED:

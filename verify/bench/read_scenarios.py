@@ -298,7 +298,7 @@ def run_mtp(
     """``timed(label, calls, args, config=None)`` times one arm (the read bench's ``timed``;
     a CPU smoke test passes one that runs each call once). ``deepgemm(case, fp8_view, tables)``
     times DeepGEMM's paged scorer over those rows (the read bench's ``deepgemm_paged``)."""
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     result = MtpResult(requests, keys, next_n, requests * keys * BF16_SLOT_BYTES)
     if device == "cuda":
@@ -450,7 +450,7 @@ def _deepgemm_nonpaged(
     at most that many keys get an empty range, as upstream's plan gives them (the bf16 prefill
     kernel is timed on the same ranges)."""
     from verify.bench import deepgemm_arm
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     label = "DeepGEMM fp8_mqa_logits (non-paged)"
     dg, how = deepgemm_arm.load()
@@ -549,7 +549,7 @@ def run_long_prefill(
     """One request's prefill, every row. ``prefill_module``: the series' prefill kernel module
     (``bf16_mqa_logits``), the dispatch's scorer here (without it, the paged kernel one row at a
     time is, as before the prefill kernel)."""
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     keys = tokens // 4
     lengths = causal_lengths(tokens, keys)

@@ -260,7 +260,7 @@ def roles_called(calls: list[Call]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 DEEPGEMM_STAND_IN = (
-    "deep_gemm stand-in: fp8_paged_mqa_logits = Triton fp8 twin (verify.bench.fp8_twin, DeepGEMM's "
+    "deep_gemm stand-in: fp8_paged_mqa_logits = Triton fp8 twin (verify.core.fp8_twin, DeepGEMM's "
     "signature and math), fp8_mqa_logits = torch (same math, gathered keys), get_num_sms = torch's SM "
     "count; the real DeepGEMM does not run on this machine"
 )
@@ -296,7 +296,7 @@ def deep_gemm_stand_in() -> types.ModuleType:
 
     def fp8_paged_mqa_logits(q: torch.Tensor, kv: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
                              page_table: torch.Tensor, metadata: Any, max_len: int, clean_logits: bool) -> torch.Tensor:
-        from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+        from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
         return fp8_paged_mqa_logits_twin(q, kv, weights, seq_lens.reshape(-1), page_table, metadata, max_len, clean_logits)
 

@@ -368,7 +368,7 @@ class Suite:
         return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
 
     def check_fp8_twin_oracle(self) -> CheckResult:
-        from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+        from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
         case = self.case(self.s.lengths, seed=self.s.seed + 71)
         buf, deq = pack_fp8_pages(case.pool)  # the NaN page stays NaN: must never be read
@@ -390,7 +390,7 @@ class Suite:
         return verdict(metrics, "fp8 twin vs dequantized-input oracle")
 
     def check_fp8_twin_vs_upstream_torch(self) -> CheckResult:
-        from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+        from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
         reader, route = load_upstream_fp8_torch_reader()
         case = self.case(SMALL_LENGTHS + [511, 513], seed=self.s.seed + 81)
