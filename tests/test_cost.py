@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from verify import figures
-from verify import platform as P
+from verify.core import platform as P
+from verify.core import upstream as U
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACT = ROOT / figures.COST / "cost.json"
 
-pytestmark = pytest.mark.skipif(P.sglang_root() is None, reason="the patched upstream tree is not importable (nox -s apply)")
+pytestmark = pytest.mark.skipif(U.sglang_root() is None, reason="the patched upstream tree is not importable (nox -s apply)")
 
 
 @pytest.fixture(scope="module")

@@ -142,7 +142,7 @@ def test_a_forward_result_names_the_series_its_tree_carries(monkeypatch):
     from pathlib import Path
 
     from bf16k.series import series_hash
-    from verify import platform as P
+    from verify.core import platform as P
     from verify.forward.cli import _versions
 
     root = Path(__file__).resolve().parents[2]

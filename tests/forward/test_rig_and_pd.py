@@ -6,7 +6,7 @@ with different page assignments, for fp8 and bf16 -- and a wrong descriptor is c
 import pytest
 import torch
 
-from verify import platform as P
+from verify.core import platform as P
 from verify.forward import pd
 from verify.forward.rig import PAGE_TOKENS, Rig, RigConfig
 

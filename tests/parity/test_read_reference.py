@@ -23,6 +23,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from verify.core import fp8_twin
+from verify.core.upstream import (
+    UpstreamMissing,
+    load_bf16_kernel_module,
+    load_upstream_fp8_torch_reader,
+)
 from verify.parity.read_reference import (
     FP8_PAGE_BYTES,
     PAGE,
@@ -35,11 +40,6 @@ from verify.parity.read_reference import (
     oracle_logits,
     pack_fp8_pages,
     unpack_fp8_pages,
-)
-from verify.parity.upstream_read import (
-    UpstreamMissing,
-    load_bf16_kernel_module,
-    load_upstream_fp8_torch_reader,
 )
 
 LENGTHS = [1, 63, 64, 65, 200]
@@ -435,7 +435,7 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
     from tests.parity.kernel_stand_ins import paged_stand_in, prefill_stand_in
     from verify.bench import read as bench
     from verify.bench import read_scenarios as sc
-    from verify.parity.upstream_read import load_bf16_prefill_module
+    from verify.core.upstream import load_bf16_prefill_module
 
     module = paged_stand_in(_upstream("kernel"))
     prefill = prefill_stand_in(load_bf16_prefill_module()[0], block_k=64)

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
+from verify.core.upstream import worker_env
 from verify.parity import store as suite_mod
 from verify.parity import store_baseline
 from verify.parity.store_cases import DecodeCase, make_prefill_case
@@ -229,7 +230,7 @@ def test_worker_env_puts_the_chosen_tree_first_and_drops_other_sglang(
     wheels.mkdir()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(other), str(wheels)]))
     monkeypatch.setenv("SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR", "1")
-    env = store_baseline.worker_env(tmp_path / "base", tmp_path / "cache")
+    env = worker_env(tmp_path / "base", tmp_path / "cache")
     parts = env["PYTHONPATH"].split(os.pathsep)
     assert parts[0] == str(tmp_path / "base") and str(other) not in parts and str(wheels) in parts
     assert env["SGLANG_JIT_CACHE_DIR"] == str(tmp_path / "cache")

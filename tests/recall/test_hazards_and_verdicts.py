@@ -5,7 +5,7 @@ not mask by length, a scorer whose columns past the length bleed into the valid 
 import pytest
 import torch
 
-from verify import platform as P
+from verify.core import platform as P
 from verify.recall import diagnose
 from verify.recall import hazards as H
 from verify.recall.backend import EmulationBackend, torch_select

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from verify.core import upstream as U
 from verify.recall import diagnose
-from verify.recall import upstream as U
 from verify.recall.backend import EmulationBackend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,8 @@ def test_upstream_torch_fallback_matches_its_emulation():
 
 TWIN_PROBE = """
 import json, torch
-from verify.recall import diagnose, upstream as U
+from verify.core import upstream as U
+from verify.recall import diagnose
 twin = U.fp8_triton_twin()
 assert isinstance(twin, U.Found), twin
 case = diagnose.score_case(torch.device("cpu"), 256)

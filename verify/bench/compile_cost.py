@@ -66,7 +66,7 @@ def capture_sizes(speculative: bool = False, max_bs: int = H200_TP8_MAX_BS) -> l
     from sglang.srt.arg_groups.cuda_graph_hook import generate_decode_cuda_graph_batch_sizes
     from sglang.srt.server_args import ServerArgs
 
-    from verify import platform as P
+    from verify.core import platform as P
 
     parser = _argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
@@ -216,7 +216,7 @@ def _prefill_inputs(rows: int, keys: int) -> dict[str, Any]:
 
 
 def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
-    from verify.parity.upstream_read import load_bf16_kernel_module, load_bf16_prefill_module
+    from verify.core.upstream import load_bf16_kernel_module, load_bf16_prefill_module
 
     paged, _ = load_bf16_kernel_module()
     prefill, _ = load_bf16_prefill_module()
@@ -268,14 +268,14 @@ def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
 def fp8_phases(sizes: list[int], mtp_sizes: list[int], folders: dict[str, Path]) -> tuple[list[Phase], str]:
     import torch
 
-    from verify import platform as P
     from verify.bench import deepgemm_arm
+    from verify.core import upstream as U
 
     dg, how = deepgemm_arm.load()
     if dg is None:
         return [], how
-    meta = P.load("metadata_jit")
-    if isinstance(meta, P.Missing):
+    meta = U.load("metadata_jit")
+    if isinstance(meta, U.Missing):
         return [], f"not run: upstream's JIT metadata kernel does not load ({meta.reason})"
     metadata = meta.obj
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

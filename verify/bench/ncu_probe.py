@@ -68,7 +68,7 @@ SHAPES = [
 
 def probe(out: Path, configs: list[str]) -> None:
     from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
-    from verify.parity.upstream_read import load_bf16_kernel_module
+    from verify.core.upstream import load_bf16_kernel_module
 
     module, _ = load_bf16_kernel_module()
     cls = module.Bf16IndexLogitsConfig

@@ -781,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import triton
 
-    from verify.parity.upstream_read import load_bf16_kernel_module
+    from verify.core.upstream import load_bf16_kernel_module
 
     module, route = load_bf16_kernel_module()
     meta: dict[str, Any] = {
@@ -809,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prefill_configs is None:
         args.prefill_configs = [] if args.sweep == "none" else list(PREFILL_SWEEP_SMALL)
     try:
-        from verify.parity.upstream_read import load_bf16_prefill_module
+        from verify.core.upstream import load_bf16_prefill_module
 
         prefill_module, prefill_route = load_bf16_prefill_module()
         meta["prefill_kernel_module"] = getattr(prefill_module, "__file__", "?")

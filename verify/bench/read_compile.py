@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verify import platform as P
+from verify.core import platform as P
 
 COMPARISON_GROUPS_OF_4 = "MTP verify, groups of 4, at the decode config's stages (not launched)"
 
@@ -315,7 +315,7 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
     """The bf16 kernel (fp8 and bf16 q) for each target, and the fp8 twin (sm_90: it stands in for
     DeepGEMM on the H200); the default configs or, with ``all_configs``, the whole sweep."""
     from verify.core import fp8_twin
-    from verify.parity.upstream_read import load_bf16_kernel_module
+    from verify.core.upstream import load_bf16_kernel_module
 
     if fp8_twin.INTERPRETED:
         raise RuntimeError(
@@ -353,7 +353,7 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
                 **{**bf16_constexprs(module, decode, group_rows=1, length_aware=True, fill_tail=False), "Q_FP8": False},
             )
         )
-    from verify.parity.upstream_read import load_bf16_prefill_module
+    from verify.core.upstream import load_bf16_prefill_module
 
     prefill_module, _ = load_bf16_prefill_module()
     for target in targets:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verify import platform as P
+from verify.core import platform as P
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "verify" / "results" / "h200" / "bench"

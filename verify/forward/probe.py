@@ -1,6 +1,6 @@
 """Which function upstream's C4 indexer calls on each platform: the dispatch probe.
 
-Under a profile (:func:`verify.platform.applied`: upstream's own hook and platform facts), this
+Under a profile (:func:`verify.core.platform.applied`: upstream's own hook and platform facts), this
 builds the real pool, attention backend and ``C4Indexer`` (:class:`~verify.forward.rig.Rig`),
 builds the indexer metadata with the backend's own ``init_forward_metadata_indexer``, and runs
 ``forward_c4_indexer`` for a decode batch and a long single-request prefill with every candidate
@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from verify import platform as P
+from verify.core import platform as P
+from verify.core import upstream as U
 
 from .rig import INDEX_HEAD_DIM, INDEX_HEADS, INDEX_TOPK, Rig, RigConfig
 from .stand_ins import SCORERS, TOPKS, Spies, install_deep_gemm_stand_in, roles_called
@@ -58,7 +59,7 @@ def _metadata_kind(im: Any) -> str:
 def _tilelang_placeholder() -> str | None:
     """Without TileLang installed, upstream's module cannot import; give the probe a module of
     that name whose one function the spies wrap, so the *selection* can be observed."""
-    if TILELANG_MODULE in sys.modules or P.module_available("tilelang"):
+    if TILELANG_MODULE in sys.modules or U.module_available("tilelang"):
         return None
     mod = types.ModuleType(TILELANG_MODULE)
 

@@ -2,7 +2,7 @@
 
 :class:`Spies` wraps, in upstream's own modules, every function ``forward_c4_indexer`` can pick
 for the logits, the top-k, the non-paged gather and the metadata (the roles of
-:data:`verify.platform.FUNCTIONS`), records each call (role, shapes, ``clean_logits``) and calls
+:data:`verify.core.upstream.FUNCTIONS`), records each call (role, shapes, ``clean_logits``) and calls
 through -- or, in ``probe`` mode (no GPU), returns a well-formed empty answer so the dispatch
 decision can be observed without running kernels.
 
@@ -24,24 +24,8 @@ from typing import Any
 
 import torch
 
-# role -> (module, attribute) where forward_c4_indexer looks the function up at call time
-SPIED: dict[str, tuple[str, str]] = {
-    "score_bf16": ("sglang.kernels.ops.attention.dsv4.bf16_index_logits", "bf16_paged_mqa_logits"),
-    # one request's long prefill, where upstream's fp8 path gathers its keys for fp8_mqa_logits
-    "score_bf16_prefill": ("sglang.kernels.ops.attention.dsv4.bf16_mqa_logits", "bf16_mqa_logits"),
-    "score_tilelang": ("sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits"),
-    "score_torch": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch"),
-    "score_torch_sm120": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch_sm120"),
-    "score_aiter": ("sglang.srt.layers.attention.dsv4.indexer", "_aiter_fp8_paged_mqa_logits"),
-    "score_deepgemm": ("deep_gemm", "fp8_paged_mqa_logits"),
-    "score_deepgemm_nonpaged": ("deep_gemm", "fp8_mqa_logits"),
-    "topk_v1": ("sglang.srt.layers.attention.dsv4.indexer", "topk_transform_paged"),
-    "topk_v2": ("sglang.srt.layers.attention.dsv4.indexer", "topk_transform_paged_v2"),
-    "topk_torch": ("sglang.srt.layers.attention.dsv4.indexer", "topk_transform_pytorch_vectorized"),
-    "metadata_jit": ("sglang.kernels.ops.attention.dsv4", "get_paged_mqa_logits_metadata"),
-    "metadata_topk_v2_plan": ("sglang.kernels.ops.attention.dsv4", "plan_topk_v2"),
-    "metadata_deepgemm": ("deep_gemm", "get_paged_mqa_logits_metadata"),
-}
+from verify.core.upstream import spied_roles
+
 FP8_SCORERS = ("score_tilelang", "score_torch", "score_torch_sm120", "score_aiter", "score_deepgemm", "score_deepgemm_nonpaged")
 BF16_SCORERS = ("score_bf16", "score_bf16_prefill")
 SCORERS = (*BF16_SCORERS, *FP8_SCORERS)
@@ -162,7 +146,7 @@ class Spies:
     def install(self, backend: Any = None) -> Spies:
         import importlib
 
-        for role, (module_name, attr) in SPIED.items():
+        for role, (module_name, attr) in spied_roles().items():
             try:
                 module = importlib.import_module(module_name)
             except Exception:  # noqa: BLE001, S112 -- a module this machine cannot import is not picked here

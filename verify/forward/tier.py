@@ -1,6 +1,6 @@
 """The forward tier: upstream's ``C4Indexer`` forward, as the attention layer calls it, checked.
 
-For one platform profile (:mod:`verify.platform`), each *arm* -- index-K format (bf16: the
+For one platform profile (:mod:`verify.core.platform`), each *arm* -- index-K format (bf16: the
 series' flag on; fp8: off) x compressor (fused store kernel; the unfused path,
 ``SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR=1``) -- builds a :class:`~verify.forward.rig.Rig` and runs
 the scenarios below through ``init_forward_metadata`` and ``C4Indexer.forward`` (which calls
@@ -52,7 +52,8 @@ from typing import Any
 
 import torch
 
-from verify import platform as P
+from verify.core import platform as P
+from verify.core import upstream as U
 
 from .checks import check_keys, check_selection, decode_pool_keys, logits_row_digests
 from .reference import reference_keys, reference_q
@@ -334,7 +335,7 @@ class Arm:
                 self.logits_digest[digest_key] = logits_row_digests(logits, (positions[: logits.shape[0]] + 1) // 4,
                                                                     INDEX_TOPK)
             except (RuntimeError, ValueError) as exc:
-                print(f"  note: no logits digest for this step ({P.short_error(exc)})", flush=True)
+                print(f"  note: no logits digest for this step ({U.short_error(exc)})", flush=True)
         scorer = roles_called([c for c in calls if c.role in SCORERS])
         topk = roles_called([c for c in calls if c.role in TOPKS])
         other = roles_called([c for c in calls if c.role not in SCORERS and c.role not in TOPKS])

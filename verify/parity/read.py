@@ -86,7 +86,12 @@ from typing import Any
 
 import torch
 
-from verify import platform as P
+from verify.core import platform as P
+from verify.core.upstream import (
+    load_bf16_kernel_module,
+    load_bf16_prefill_module,
+    load_upstream_fp8_torch_reader,
+)
 from verify.parity.read_reference import (
     PAGE,
     PrefillCase,
@@ -104,11 +109,6 @@ from verify.parity.read_reference import (
     verify_lengths,
 )
 from verify.parity.store_report import CheckResult, CheckSkipped, Status, run_check, summary_table, write_json
-from verify.parity.upstream_read import (
-    load_bf16_kernel_module,
-    load_bf16_prefill_module,
-    load_upstream_fp8_torch_reader,
-)
 
 SUITE = "parity.read"
 FULL_LENGTHS = [1, 63, 64, 65, 511, 512, 513, 4095, 65536]
@@ -421,7 +421,7 @@ class Suite:
 
     def grouped_config(self, group_rows: int, profile: str | None = None) -> Any:
         """The launch config the kernel module selects for groups of 64-head rows on ``profile``'s
-        GPU (its shared memory, verify.platform.SHARED_MEMORY), or on this device."""
+        GPU (its shared memory, verify.core.platform.SHARED_MEMORY), or on this device."""
         shared = (P.kernel_shared_memory(self.module, profile) if profile
                   else self.module._device_shared_memory(self.s.device))
         return self.module.select_config(1, 0, 64, group_rows, shared)

@@ -63,7 +63,7 @@ def make_backend(kind: str, faults: tuple[str, ...], fp8_scorer: str = "auto", p
         raise SystemExit(f"--fp8-scorer {fp8_scorer!r} is GPU-only; on cpu use auto or torch")
     backend = EmulationBackend(device=torch.device("cpu"), faults=faults, fp8_scorer=sem)
     if platform != "auto":
-        from verify import platform as P
+        from verify.core import platform as P
 
         P.resolve(platform)
         backend.paths["platform"] = f"{platform} ({P.HARDWARE[platform]}): CPU emulation of its fp8 scoring semantics ({sem})"
@@ -89,7 +89,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replay", type=Path, default=None, help="score a capture file instead of synthetic data (REPLAY.md)")
     ap.add_argument("--fp8-scorer", default="auto", help="gpu: auto (the platform's)|torch|torch-sm120|triton-twin|deepgemm|tilelang|emulation; cpu: auto (fp32-accumulating fp8 math)|torch (upstream torch-fallback math)")
-    ap.add_argument("--platform", default="auto", help="profile whose fp8 scorer and top-k the fp8 arm runs: auto (the local GPU's), sm90, sm100, sm120, hip (verify.platform)")
+    ap.add_argument("--platform", default="auto", help="profile whose fp8 scorer and top-k the fp8 arm runs: auto (the local GPU's), sm90, sm100, sm120, hip (verify.core.platform)")
     ap.add_argument("--arms", nargs="+", default=None, help=f"arms to run (default: {' '.join(BASE_ARMS)}; fp8_emul added on gpu)")
     ap.add_argument("--inject-fault", action="append", default=[], choices=sorted(FAULTS), help="harness self-test: corrupt a store path")
     ap.add_argument("--no-diagnose", action="store_true")
@@ -122,7 +122,7 @@ def _series_hash(repo: Path) -> str | None:
 
 
 def versions(backend: Backend) -> dict[str, object]:
-    from . import upstream
+    from verify.core import upstream
 
     repo = Path(__file__).resolve().parents[2]
     v: dict[str, object] = {

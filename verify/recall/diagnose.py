@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from verify.core.upstream import Found, Missing
+
 from . import formats as F
 from .backend import Backend, EmulationBackend, QueryInputs
 from .generator import (
@@ -54,7 +56,6 @@ from .generator import (
 )
 from .metrics import SCORER_BOUND, row_metrics
 from .scoring import calc_diff, mask_past_len, row_slots
-from .upstream import Found, Missing
 
 
 @dataclass
@@ -202,7 +203,7 @@ def check_bf16_store(backend: Backend, num_keys: int, label: str) -> Check:
 
 def check_fused_norm_rope_store(device: torch.device, num_keys: int = 4096) -> Check:
     """Production's default fp8 writer: compress_norm_rope_store's indexer kernel (decode plans)."""
-    from . import upstream as U
+    from verify.core import upstream as U
 
     got = U.fused_norm_rope_store()
     if isinstance(got, U.Missing):
@@ -350,7 +351,7 @@ def check_scorer(fmt: str, label: str, fn: ScoreFn, case: ScoreCase, fp8_path: b
 
 
 def scorer_fn(found, fmt: str) -> ScoreFn:
-    """A loaded paged-logits kernel (``upstream.Found``) called as the indexer calls it."""
+    """A loaded paged-logits kernel (``verify.core.upstream.Found``) called as the indexer calls it."""
     from .gpu_backend import call_paged_scorer
 
     def fn(pool, q8, w, seq, pt):
@@ -440,8 +441,6 @@ def _deepgemm_probe_main() -> None:
     import deep_gemm
 
     case = score_case(dev, 4096)
-
-    from .upstream import Found
 
     found = Found(deep_gemm.fp8_paged_mqa_logits, "deep_gemm.fp8_paged_mqa_logits")
     chk = check_scorer("fp8", found.name, scorer_fn(found, "fp8"), case, True)
@@ -699,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.deepgemm_probe:
         _deepgemm_probe_main()
         return 0
-    from verify import platform as P
+    from verify.core import platform as P
 
     from .cli import make_backend
     from .verdicts import component_verdicts, render

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verify import platform as P
+from verify.core import platform as P
 
 
 @dataclass
