@@ -4,10 +4,10 @@ catching what they exist to catch."""
 
 import torch
 
+from verify.core import formats as F
 from verify.forward import reference as R
 from verify.forward.checks import check_keys, check_selection
 from verify.forward.rig import RigConfig, make_weights
-from verify.recall import formats as F
 
 
 def _weights():

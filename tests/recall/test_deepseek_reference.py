@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
+from verify.core import formats as F
 from verify.core import upstream as U
-from verify.recall import formats as F
-from verify.recall.deepseek_reference import (
+from verify.core.deepseek_reference import (
     ReferenceIndexer,
     dense_page_table,
     fp4_rule_differences,

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from verify.core import platform as P
+from verify.core.scoring import torch_select
 from verify.recall import diagnose
 from verify.recall import hazards as H
-from verify.recall.backend import EmulationBackend, torch_select
+from verify.recall.backend import EmulationBackend
 from verify.recall.verdicts import component_verdicts
 
 CPU = torch.device("cpu")

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from verify.core.metrics import SCORER_BOUND, TIE_REL, tie_aware_recall
 from verify.parity.store_reference import compare_bf16
-from verify.recall.metrics import SCORER_BOUND, TIE_REL, tie_aware_recall
 
 from .reference import reference_indexer, reference_selection, scores64
 
@@ -169,7 +169,7 @@ def check_selection(
         # the non-paged fp8 path hands DeepGEMM an empty range for it (ke = ks), so its logits
         # are -inf by design. The scorer is held to its oracle where the top-k reads it.
         if prod_logits is not None and lens > k:
-            from verify.recall.scoring import calc_diff
+            from verify.core.scoring import calc_diff
 
             lg = prod_logits[idx.to(prod_logits.device)][:, :lens].double().to(s_same.device)
             finite = bool(torch.isfinite(lg).all())

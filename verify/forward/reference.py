@@ -11,7 +11,7 @@
   token's position, Hadamard) and the head weights ``x Wproj * 128^-0.5 * 64^-0.5``.
 - :func:`scores64`: ``sum_h relu(q_h . k) w_h`` in fp64.
 - :func:`reference_indexer`: DeepSeek's reference indexer numerics over the reference keys (fp4 q x
-  fp4 k in a bf16 container, :mod:`verify.recall.deepseek_reference`): the selection the model
+  fp4 k in a bf16 container, :mod:`verify.core.deepseek_reference`): the selection the model
   was trained with, a third oracle beside the same-input and exact ones (reported, not gated).
 """
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from verify.core.deepseek_reference import ReferenceIndexer, dense_page_table, pad_to_pages
 from verify.parity.store_reference import INDEX_HEAD_DIM, fwht, index_k_reference, rope_tail
-from verify.recall.deepseek_reference import ReferenceIndexer, dense_page_table, pad_to_pages
 
 from .rig import INDEX_HEADS, RATIO, Weights
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 # DeepGEMM's similarity metric, one definition for both tiers (re-exported for the parity and bench code)
-from verify.recall.scoring import calc_diff  # noqa: F401 - re-exported
+from verify.core.scoring import calc_diff  # noqa: F401 - re-exported
 
 PAGE = 64
 DIM = 128

@@ -28,12 +28,13 @@ from pathlib import Path
 
 import torch
 
+from verify.core.deepseek_reference import fp4_rule_differences
+from verify.core.metrics import aggregate
+
 from . import diagnose
 from .backend import FAULTS, Backend, EmulationBackend
-from .deepseek_reference import fp4_rule_differences
 from .gate import evaluate, evaluate_exact_q
 from .generator import GenConfig, PlanConfig, build_planted
-from .metrics import aggregate
 from .report import (
     CSV_FIELDS,
     flat_cells,

@@ -17,7 +17,7 @@ dequantized-input oracle:
 * CUDA graphs: a scorer + top-k captured at short lengths and replayed at long ones equals eager;
 * end to end (tier 2): the production fp8 arm against the emulated fp8 arm on identical inputs,
   and top-k agreement with the bf16 arm; beside them, every arm's overlap with the three oracles
-  (same-q, exact-q and DeepSeek's reference numerics, :mod:`verify.recall.deepseek_reference`),
+  (same-q, exact-q and DeepSeek's reference numerics, :mod:`verify.core.deepseek_reference`),
   reported, never part of the verdict.
 
 The verdict is one line: ``fp8 path correct, loses X% of top-k to precision`` or ``fp8 path
@@ -41,9 +41,11 @@ from pathlib import Path
 
 import torch
 
+from verify.core import formats as F
+from verify.core.metrics import SCORER_BOUND, row_metrics
+from verify.core.scoring import calc_diff, mask_past_len, row_slots
 from verify.core.upstream import Found, Missing
 
-from . import formats as F
 from .backend import Backend, EmulationBackend, QueryInputs
 from .generator import (
     WEIGHT_SCALE,
@@ -54,8 +56,6 @@ from .generator import (
     rope_cos_sin,
     rope_hadamard,
 )
-from .metrics import SCORER_BOUND, row_metrics
-from .scoring import calc_diff, mask_past_len, row_slots
 
 
 @dataclass

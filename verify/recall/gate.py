@@ -1,7 +1,7 @@
 """The tier-2 gate on the bf16 arm (fp8 and fp4-sim are reported, never gated).
 
 1. needle: every row where the oracle selects the needle with a margin of at least 1% over the best
-   key it does not select (see :mod:`verify.recall.metrics` for the margin's unit) has the needle
+   key it does not select (see :mod:`verify.core.metrics` for the margin's unit) has the needle
    selected by the bf16 arm;
 2. loss ratio: at every (index_topk, length), bf16's mean recall loss ``1 - tie-aware recall`` is at
    most a quarter of fp8's;
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from .metrics import GATE_MARGIN, aggregate
+from verify.core.metrics import GATE_MARGIN, aggregate
 
 LOSS_RATIO = 0.25
 #: float noise allowed when comparing two means of the same rows (not a precision allowance)

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verify.core.formats import HEAD_DIM, PAGE_SLOTS
+from verify.core.scoring import SlotKeys, score_slots
+
 from .backend import QueryInputs
-from .formats import HEAD_DIM, PAGE_SLOTS
-from .scoring import SlotKeys, score_slots
 
 N_HEADS = 64
 ROPE_DIM = 64

@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
+from verify.core import formats as F
 from verify.core import platform as P
 from verify.core import upstream as U
+from verify.core.scoring import row_slots, torch_select
 
-from . import formats as F
-from .backend import Backend, EmulationBackend, QueryInputs, torch_select
-from .scoring import row_slots
+from .backend import Backend, EmulationBackend, QueryInputs
 
 FP8_SCORERS = ("auto", "torch", "torch-sm120", "triton-twin", "deepgemm", "tilelang", "emulation")
 # --fp8-scorer name -> the platform role it loads

@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import torch
 
-from . import formats as F
-from .metrics import SCORER_BOUND, TIE_REL, row_metrics, tie_aware_recall
-from .scoring import calc_diff, mask_past_len, row_slots
+from verify.core import formats as F
+from verify.core.metrics import SCORER_BOUND, TIE_REL, row_metrics, tie_aware_recall
+from verify.core.scoring import calc_diff, mask_past_len, row_slots
 
 SelectFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 ScoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

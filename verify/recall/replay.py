@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from . import formats as F
+from verify.core import formats as F
+
 from .backend import QueryInputs
 from .generator import Problem
 from .replay_format import Capture

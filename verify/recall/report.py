@@ -8,8 +8,9 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from verify.core.metrics import aggregate
+
 from .gate import GateResult
-from .metrics import aggregate
 
 CSV_FIELDS = (
     "source",

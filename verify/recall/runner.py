@@ -5,7 +5,7 @@ Arms (all but ``bf16q`` and ``fp4`` use the production fp8 q, so only key storag
 * ``bf16``: keys through the bf16 store, scored by the bf16 scorer (the series);
 * ``fp8``: keys through upstream's fp8 store, scored by the fp8 scorer (upstream default);
 * ``fp4``: upstream's own fp4 C4 indexer (``--enable-deepseek-v4-fp4-indexer``): its fp4 q and
-  its 68-B fp4 keys, both rounded by its thresholds (:func:`verify.recall.formats.
+  its 68-B fp4 keys, both rounded by its thresholds (:func:`verify.core.formats.
   fp4_upstream_codes`), scored in fp32 as DeepGEMM's ``fp8_fp4_paged_mqa_logits`` would --
   emulated on every backend: that kernel exists for SM100 only, none for Hopper, and upstream
   refuses the flag below SM100 (``serving_hook.py``);
@@ -22,7 +22,7 @@ Oracles: the *same-q* oracle scores the unrounded keys with the production fp8 q
 every arm but ``bf16q`` / ``fp4`` uses that q, so it isolates what key storage costs
 (``recall_tie``, the gate's oracle); the *exact-q* oracle uses the unquantized fp32 q (``*_unq``
 fields): what a user gets against exact scores; the *reference* oracle is DeepSeek's own
-indexer numerics, fp4 q x fp4 keys (:mod:`verify.recall.deepseek_reference`, ``*_ref`` fields):
+indexer numerics, fp4 q x fp4 keys (:mod:`verify.core.deepseek_reference`, ``*_ref`` fields):
 the selection the model was trained with. Each arm's overlap with each is a tie-aware recall;
 ``ref_recall_tie`` / ``ref_recall_tie_unq`` are the reference selection's own against the
 same-q / exact-q oracles. None of them is model quality.
@@ -35,12 +35,13 @@ from collections.abc import Sequence
 
 import torch
 
-from . import formats as F
-from .backend import Backend, EmulationBackend, QueryInputs, torch_select
-from .deepseek_reference import ReferenceIndexer
+from verify.core import formats as F
+from verify.core.deepseek_reference import ReferenceIndexer
+from verify.core.metrics import row_metrics
+from verify.core.scoring import SlotKeys, grouped_row_logits, torch_select
+
+from .backend import Backend, EmulationBackend, QueryInputs
 from .generator import Problem
-from .metrics import row_metrics
-from .scoring import SlotKeys, grouped_row_logits
 
 ARM_FORMAT: dict[str, str] = {"bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "fp4sim": "bf16", "fp8_emul": "fp8",
                               "bf16q": "bf16", "int8sim": "f32", "fp8b32sim": "bf16"}
