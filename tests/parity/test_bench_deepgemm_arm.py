@@ -20,7 +20,7 @@ import torch
 
 from verify.bench import deepgemm_arm
 from verify.core import fp8_twin
-from verify.parity.read_reference import (
+from verify.core.read_reference import (
     FP8_SLOT_BYTES,
     PAGE,
     causal_lengths,

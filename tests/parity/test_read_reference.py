@@ -23,16 +23,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from verify.core import fp8_twin
-from verify.core.upstream import (
-    UpstreamMissing,
-    load_bf16_kernel_module,
-    load_upstream_fp8_torch_reader,
-)
-from verify.parity.read_reference import (
+from verify.core.read_reference import (
     FP8_PAGE_BYTES,
     PAGE,
     ReadCase,
-    calc_diff,
     causal_lengths,
     gather_peak_bytes,
     make_read_case,
@@ -40,6 +34,12 @@ from verify.parity.read_reference import (
     oracle_logits,
     pack_fp8_pages,
     unpack_fp8_pages,
+)
+from verify.core.scoring import calc_diff
+from verify.core.upstream import (
+    UpstreamMissing,
+    load_bf16_kernel_module,
+    load_upstream_fp8_torch_reader,
 )
 
 LENGTHS = [1, 63, 64, 65, 200]
@@ -286,8 +286,8 @@ def test_grouped_static_launches_are_refused_before_launch() -> None:
     under a static config and groups under the default config get through to the launch."""
     from dataclasses import replace
 
+    from verify.core.read_reference import make_group_case, verify_lengths
     from verify.parity.read import _claims_cuda, _LaunchRecorder
-    from verify.parity.read_reference import make_group_case, verify_lengths
 
     module = _upstream("kernel")
     case, _ = make_group_case(verify_lengths([65, 129], 2), 2, poison_others=False, seed=1)
@@ -312,7 +312,7 @@ def test_grouped_static_launches_are_refused_before_launch() -> None:
 
 
 def test_prefill_case_layout_and_poison() -> None:
-    from verify.parity.read_reference import make_prefill_case, pages_for
+    from verify.core.read_reference import make_prefill_case, pages_for
 
     case = make_prefill_case(causal_lengths(64, 100), seed=3)
     assert case.q.shape == (64, 64, 128) and case.page_table.dim() == 1 and case.n_keys == 100
@@ -327,7 +327,7 @@ def test_prefill_case_layout_and_poison() -> None:
 
 
 def test_prefill_oracle_matches_the_paged_oracle_and_honours_ks() -> None:
-    from verify.parity.read_reference import make_prefill_case, mqa_oracle_logits, mqa_owned
+    from verify.core.read_reference import make_prefill_case, mqa_oracle_logits, mqa_owned
 
     ke = causal_lengths(40, 130)
     case = make_prefill_case(ke, heads=32, q_dtype=torch.bfloat16, seed=4)

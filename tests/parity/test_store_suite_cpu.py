@@ -21,12 +21,12 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
+from verify.core.store_cases import DecodeCase, make_prefill_case
+from verify.core.store_layout import FP8_LAYOUT
+from verify.core.store_reference import index_k_reference
 from verify.core.upstream import worker_env
 from verify.parity import store as suite_mod
 from verify.parity import store_baseline
-from verify.parity.store_cases import DecodeCase, make_prefill_case
-from verify.parity.store_layout import FP8_LAYOUT
-from verify.parity.store_reference import index_k_reference
 from verify.parity.store_report import CheckResult, Status, run_check, summary_table, write_json
 
 CPU = torch.device("cpu")
@@ -294,7 +294,7 @@ def test_compressor_arms_run_upstream_forward_unified(tmp_path: Path) -> None:
     from sglang.srt.layers.attention.dsa import dsa_indexer
 
     def torch_hadamard(x: torch.Tensor) -> torch.Tensor:
-        from verify.parity.store_reference import fwht
+        from verify.core.store_reference import fwht
 
         return fwht(x) * 128**-0.5
 

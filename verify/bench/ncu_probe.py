@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from verify.parity.read_reference import BF16_SLOT_BYTES, FP8_SLOT_BYTES, PAGE, make_read_case, pack_fp8_pages
+from verify.core.read_reference import BF16_SLOT_BYTES, FP8_SLOT_BYTES, PAGE, make_read_case, pack_fp8_pages
 
 METRICS = (
     "gpu__time_duration.sum",

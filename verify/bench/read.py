@@ -70,7 +70,7 @@ from verify.bench.read_scenarios import (
     run_mtp,
 )
 from verify.bench.timing import graph_ms, replicas_for, replicate_pages
-from verify.parity.read_reference import (
+from verify.core.read_reference import (
     BF16_SLOT_BYTES,
     DIM,
     FP8_SLOT_BYTES,

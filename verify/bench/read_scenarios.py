@@ -51,7 +51,7 @@ import torch
 
 from verify.bench.report import grouped_smem_bytes
 from verify.bench.timing import replicas_for, replicate_pages
-from verify.parity.read_reference import (
+from verify.core.read_reference import (
     BF16_SLOT_BYTES,
     DIM,
     FP8_SLOT_BYTES,

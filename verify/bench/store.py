@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from verify.bench.timing import graph_ms
-from verify.parity.store_cases import DecodeCase, PrefillCase, make_prefill_case
-from verify.parity.store_driver import (
+from verify.core.store_cases import DecodeCase, PrefillCase, make_prefill_case
+from verify.core.store_driver import (
     Prepared,
     make_freqs_cis,
     max_position,
@@ -37,7 +37,7 @@ from verify.parity.store_driver import (
     store_fused,
     upstream_ops,
 )
-from verify.parity.store_layout import BF16_LAYOUT, FP8_LAYOUT
+from verify.core.store_layout import BF16_LAYOUT, FP8_LAYOUT
 
 # Decode: one key per request at most; prefill: one chunk of this many keys (<= 16384, the
 # planner's 65536-token limit).

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from verify.core.metrics import SCORER_BOUND, TIE_REL, tie_aware_recall
-from verify.parity.store_reference import compare_bf16
+from verify.core.store_reference import compare_bf16
 
 from .reference import reference_indexer, reference_selection, scores64
 
@@ -80,7 +80,7 @@ def check_keys(pool_buf: torch.Tensor, slots: torch.Tensor, ref: torch.Tensor, f
         cmp = compare_bf16(stored, ref)
         bad_rows = torch.zeros(n, dtype=torch.bool, device=stored.device)
         if not cmp.ok:
-            from verify.parity.store_reference import DEFAULT_NOISE_REL, bf16_ulp_distance
+            from verify.core.store_reference import DEFAULT_NOISE_REL, bf16_ulp_distance
 
             ulp = bf16_ulp_distance(stored, ref.to(torch.bfloat16))
             near = (stored.float() - ref).abs() <= DEFAULT_NOISE_REL * ref.abs().amax(1, keepdim=True)

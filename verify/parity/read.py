@@ -87,16 +87,10 @@ from typing import Any
 import torch
 
 from verify.core import platform as P
-from verify.core.upstream import (
-    load_bf16_kernel_module,
-    load_bf16_prefill_module,
-    load_upstream_fp8_torch_reader,
-)
-from verify.parity.read_reference import (
+from verify.core.read_reference import (
     PAGE,
     PrefillCase,
     ReadCase,
-    calc_diff,
     causal_lengths,
     make_group_case,
     make_prefill_case,
@@ -107,6 +101,12 @@ from verify.parity.read_reference import (
     pack_fp8_pages,
     tiles_end,
     verify_lengths,
+)
+from verify.core.scoring import calc_diff
+from verify.core.upstream import (
+    load_bf16_kernel_module,
+    load_bf16_prefill_module,
+    load_upstream_fp8_torch_reader,
 )
 from verify.parity.store_report import CheckResult, CheckSkipped, Status, run_check, summary_table, write_json
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from verify.core.store_driver import PAGE_SIZE, Prepared
+from verify.core.store_layout import FP8_LAYOUT, fill_canary
 from verify.core.upstream import worker_env
-from verify.parity.store_driver import PAGE_SIZE, Prepared
-from verify.parity.store_layout import FP8_LAYOUT, fill_canary
 
 WORKER_TIMEOUT_S = 1200
 

@@ -11,7 +11,6 @@
   of the fp8 twin baseline.
 - ``naive_gather_logits``: the gather-then-bmm baseline (what upstream's torch fallbacks do),
   and ``gather_peak_bytes``, its memory, to skip sizes that cannot fit.
-- ``calc_diff``: DeepGEMM's ``1 - 2 sum(xy) / sum(x^2 + y^2)``.
 - ``make_group_case`` / ``verify_lengths``: MTP verify rows, groups of rows sharing one page
   table with rising lengths (the kernel's ``group_rows`` mode); ``tiles_end``: where a row's
   last key tile ends (what ``clean_logits=False`` writes up to).
@@ -22,9 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-
-# DeepGEMM's similarity metric, one definition for both tiers (re-exported for the parity and bench code)
-from verify.core.scoring import calc_diff  # noqa: F401 - re-exported
 
 PAGE = 64
 DIM = 128
