@@ -133,7 +133,7 @@ def _forward_results(root: Path) -> tuple[list[str], dict[str, Any] | None]:
     runs = sorted((root / H200 / "forward").glob("*/results.json"))
     if not runs:
         return [f"{H200}/forward/<run>/results.json"], None
-    from verify.forward.runs import merge_runs
+    from verify.core.forward_runs import merge_runs
 
     # folders sort by name (the run's time stamp): a later run of the same arm replaces an earlier
     merged = merge_runs(runs)
@@ -204,7 +204,7 @@ def forward(root: Path) -> str:
         rows.append(f"| {a['profile']} | {a['arm']} | {a['steps_passed']}/{a['steps']} | {', '.join(a['scorers'])} | "
                     f"{', '.join(a['topks'])} | {a['min_same_input_agreement']:.4f} | {exact} | {ref_text} | "
                     f"{a['peak_mib']} |")
-    from verify.forward.checks import flag_off_status
+    from verify.core.forward_runs import flag_off_status
 
     replaced = sorted({r for a in summary["arms"] for r in a["replaced"]})
     base = "; ".join("{}: {} ({})".format(p, *flag_off_status(b)) for p, b in summary["baseline"].items()) or "not run"
@@ -222,7 +222,7 @@ def forward(root: Path) -> str:
 def flag_off(root: Path) -> str:
     """Per profile, the latest flag-off comparison with the unpatched tree, step by step where
     the selections differ (what the forward block's one line sums up)."""
-    from verify.forward.checks import flag_off_status
+    from verify.core.forward_runs import flag_off_status
 
     rels, res = _forward_results(root)
     if res is None or not res["baseline"]:

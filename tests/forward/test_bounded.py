@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from verify.core.stand_ins import Spies
 from verify.forward import tier
-from verify.forward.stand_ins import Spies
 
 MIB = 2**20
 

@@ -6,7 +6,7 @@ and say which: the profiles then follow upstream, not this file."""
 import pytest
 
 from verify.core import platform as P
-from verify.forward import probe
+from verify.core import probe
 
 
 @pytest.fixture(scope="module")

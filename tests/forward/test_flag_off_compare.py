@@ -55,7 +55,7 @@ def test_missing_steps_fail():
 
 
 def test_a_record_from_before_the_classification_reads_incomplete_where_the_pools_agreed():
-    from verify.forward.checks import flag_off_status
+    from verify.core.forward_runs import flag_off_status
 
     old = {"status": "fail", "detail": "differs from the unpatched tree: selections ['stale:3000'], pool bytes [], missing []"}
     assert flag_off_status(old)[0] == "incomplete"

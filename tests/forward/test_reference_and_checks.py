@@ -5,9 +5,9 @@ catching what they exist to catch."""
 import torch
 
 from verify.core import formats as F
+from verify.core.rig import RigConfig, make_weights
 from verify.forward import reference as R
 from verify.forward.checks import check_keys, check_selection
-from verify.forward.rig import RigConfig, make_weights
 
 
 def _weights():

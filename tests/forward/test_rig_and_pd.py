@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from verify.core import platform as P
+from verify.core.rig import PAGE_TOKENS, Rig, RigConfig
 from verify.forward import pd
-from verify.forward.rig import PAGE_TOKENS, Rig, RigConfig
 
 
 @pytest.fixture

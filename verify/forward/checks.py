@@ -351,16 +351,3 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
     return {"status": status, "steps": n, "detail": detail, "differing_steps": differing,
             "pool_differs": pool, "missing": missing, "extra": extra,
             "control": " and ".join(f"{t} tree run twice" for t in reruns) or None}
-
-
-
-def flag_off_status(entry: dict[str, Any]) -> tuple[str, str]:
-    """The verdict and detail of a recorded flag-off comparison. Records written before the
-    comparison classified differences (no ``differing_steps``) called any differing selection a
-    failure; where their pool bytes agreed and no step was missing, what they measured cannot
-    tell a changed path from upstream's own tie-breaking, so they read as ``incomplete``."""
-    status, detail = str(entry.get("status", "error")), str(entry.get("detail", ""))
-    if status == "fail" and "differing_steps" not in entry and "pool bytes [], missing []" in detail:
-        return "incomplete", (detail + " (recorded before differences were classified: pool bytes identical, "
-                              "selected sets differ, no unpatched rerun as control; re-measure with the current harness)")
-    return status, detail

@@ -28,9 +28,8 @@ from typing import Any
 import torch
 
 from verify.core import platform as P
+from verify.core import probe as probe_mod
 from verify.core import upstream as U
-
-from . import probe as probe_mod
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -100,7 +99,8 @@ def _sizes(quick: bool, scenarios: Sequence[str] | None) -> Any:
 def _baseline_worker(profile: str, quick: bool, out: Path, scenarios: Sequence[str] | None = None) -> int:
     """Runs under the unpatched tree: the flag-off fused arm's selections, pool digests and the
     oracle checks' verdict per step."""
-    from .stand_ins import install_deep_gemm_stand_in
+    from verify.core.stand_ins import install_deep_gemm_stand_in
+
     from .tier import ArmSpec, run_arm
 
     install_deep_gemm_stand_in()  # the unpatched tree imports DeepGEMM at module level as well
@@ -234,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("forward tier: the scenarios run upstream's JIT kernels and need a CUDA GPU; the dispatch probe "
               f"above ran and is in {out}/dispatch.md. The H200 run is in verify/results/h200/forward/.")
         return 2 if probe_errors else 3
-    from .stand_ins import install_deep_gemm_stand_in
+    from verify.core.stand_ins import install_deep_gemm_stand_in
+
     from .tier import arm_specs, run_arm
 
     stand_in = install_deep_gemm_stand_in()

@@ -20,9 +20,8 @@ from __future__ import annotations
 import torch
 
 from verify.core.deepseek_reference import ReferenceIndexer, dense_page_table, pad_to_pages
+from verify.core.rig import INDEX_HEADS, RATIO, Weights
 from verify.core.store_reference import INDEX_HEAD_DIM, fwht, index_k_reference, rope_tail
-
-from .rig import INDEX_HEADS, RATIO, Weights
 
 WEIGHT_SCALE = INDEX_HEAD_DIM**-0.5 * INDEX_HEADS**-0.5
 

@@ -2,7 +2,7 @@
 
 For one platform profile (:mod:`verify.core.platform`), each *arm* -- index-K format (bf16: the
 series' flag on; fp8: off) x compressor (fused store kernel; the unfused path,
-``SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR=1``) -- builds a :class:`~verify.forward.rig.Rig` and runs
+``SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR=1``) -- builds a :class:`~verify.core.rig.Rig` and runs
 the scenarios below through ``init_forward_metadata`` and ``C4Indexer.forward`` (which calls
 ``forward_c4_indexer``: compressor and fused store, q, scorer, top-k), eager and under CUDA-graph
 capture / replay the way upstream's graph runner drives the backend. After each step
@@ -54,11 +54,19 @@ import torch
 
 from verify.core import platform as P
 from verify.core import upstream as U
+from verify.core.rig import INDEX_TOPK, LAYER_ID, Request, Rig, RigConfig, batched_token_inputs
+from verify.core.stand_ins import (
+    BF16_SCORERS,
+    FP8_SCORERS,
+    SCHEDULE_ROLES,
+    SCORERS,
+    TOPKS,
+    Spies,
+    roles_called,
+)
 
 from .checks import check_keys, check_selection, decode_pool_keys, logits_row_digests
 from .reference import reference_keys, reference_q
-from .rig import INDEX_TOPK, LAYER_ID, Request, Rig, RigConfig, batched_token_inputs
-from .stand_ins import BF16_SCORERS, FP8_SCORERS, SCHEDULE_ROLES, SCORERS, TOPKS, Spies, roles_called
 
 UNFUSED_ENV = "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR"
 

@@ -705,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     forward = None
     if args.forward:
-        from verify.forward.runs import merge_runs
+        from verify.core.forward_runs import merge_runs
 
         found = [d for d in args.forward if (d / "results.json").exists()]
         forward = merge_runs(found) if found else None

@@ -52,7 +52,7 @@ class GpuBackend(Backend):
         self._fp8_store = U.fp8_store()
         self._pool_cls = U.bf16_pool_cls()
         self._bf16_score = U.bf16_scorer()
-        from verify.forward.probe import profile_roles
+        from verify.core.probe import profile_roles
 
         self.platform = P.resolve(self.platform)
         self.roles = profile_roles(self.platform)

@@ -1,5 +1,5 @@
 """The C4 indexer as the server builds it: upstream's pool, attention backend, indexer module and
-forward batches, on one device, for the forward tier.
+forward batches, on one device, for the forward tier and the dispatch probe.
 
 Upstream objects, built by upstream's own code: ``DeepSeekV4TokenToKVPool`` (sized like the pool
 configurator sizes it), ``ReqToTokenPool``, the DeepSeek-V4 attention backend from

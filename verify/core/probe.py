@@ -1,10 +1,10 @@
 """Which function upstream's C4 indexer calls on each platform: the dispatch probe.
 
-Under a profile (:func:`verify.core.platform.applied`: upstream's own hook and platform facts), this
-builds the real pool, attention backend and ``C4Indexer`` (:class:`~verify.forward.rig.Rig`),
+Under a profile (:func:`verify.core.platform.applied`: upstream's own hook and platform facts),
+this builds the real pool, attention backend and ``C4Indexer`` (:class:`~verify.core.rig.Rig`),
 builds the indexer metadata with the backend's own ``init_forward_metadata_indexer``, and runs
 ``forward_c4_indexer`` for a decode batch and a long single-request prefill with every candidate
-function spied on (:class:`~verify.forward.stand_ins.Spies` in probe mode: no kernel runs, each
+function spied on (:class:`~verify.core.stand_ins.Spies` in probe mode: no kernel runs, each
 spy answers an empty result). What it records is upstream's choice, not a copy of it: the scorer,
 the top-k, whether DeepGEMM metadata (and row chunking) was built, the shape of the lengths the
 scorer got, and whether the non-paged gather path was taken. Runs on a CPU.
