@@ -32,7 +32,8 @@ from verify.core.deepseek_reference import fp4_rule_differences
 from verify.core.metrics import aggregate
 
 from . import diagnose
-from .backend import FAULTS, Backend, EmulationBackend
+from .backend import FAULTS, Backend
+from .backend_choice import make_backend
 from .gate import evaluate, evaluate_exact_q
 from .generator import GenConfig, PlanConfig, build_planted
 from .report import (
@@ -49,26 +50,6 @@ from .runner import BASE_ARMS, run_problem
 LENGTHS_FULL = (338, 2048, 4509, 5200, 8000, 12000, 22597, 32768, 65536, 131072)
 LENGTHS_CI = (338, 2048, 4509, 5200, 8000)
 DEPTHS_PCT = (0, 10, 25, 50, 75, 90, 100)
-
-
-def make_backend(kind: str, faults: tuple[str, ...], fp8_scorer: str = "auto", platform: str = "auto") -> Backend:
-    """The GPU backend runs the platform profile's production kernels; the CPU backend emulates
-    them (every fp8 scorer but upstream's torch fallbacks accumulates fp8 x fp8 in fp32)."""
-    if kind == "gpu":
-        from .gpu_backend import make_gpu_backend
-
-        return make_gpu_backend(faults, fp8_scorer, platform=platform)
-    sem = {"auto": "fp8-fp32acc", "deepgemm": "fp8-fp32acc", "emulation": "fp8-fp32acc", "torch": "fp8-torch",
-           "torch-sm120": "fp8-torch", "tilelang": "fp8-fp32acc"}.get(fp8_scorer)
-    if sem is None:
-        raise SystemExit(f"--fp8-scorer {fp8_scorer!r} is GPU-only; on cpu use auto or torch")
-    backend = EmulationBackend(device=torch.device("cpu"), faults=faults, fp8_scorer=sem)
-    if platform != "auto":
-        from verify.core import platform as P
-
-        P.resolve(platform)
-        backend.paths["platform"] = f"{platform} ({P.HARDWARE[platform]}): CPU emulation of its fp8 scoring semantics ({sem})"
-    return backend
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -700,7 +700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from verify.core import platform as P
 
-    from .cli import make_backend
+    from .backend_choice import make_backend
     from .verdicts import component_verdicts, render
 
     forward = None
