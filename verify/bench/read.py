@@ -69,6 +69,7 @@ from verify.bench.read_scenarios import (
     run_long_prefill,
     run_mtp,
 )
+from verify.bench.targets import HBM_BYTES_PER_S, evaluate
 from verify.bench.timing import graph_ms, replicas_for, replicate_pages
 from verify.core.read_reference import (
     BF16_SLOT_BYTES,
@@ -81,14 +82,6 @@ from verify.core.read_reference import (
     naive_gather_logits,
     pack_fp8_pages,
 )
-
-HBM_BYTES_PER_S = 4.8e12  # H200 datasheet
-TARGET_HBM_FRACTION = 0.88  # DESIGN.md: decode from 8 x 32K keys up
-TARGET_HBM_MIN_ROWS, TARGET_HBM_MIN_KEYS = 8, 32768
-TARGET_RATIO_VS_FP8 = 256 / 132
-TARGET_GATHER_SPEEDUP = 10.0
-TARGET_MIN_KEYS = 8192
-TARGET_WIDE_VS_BEST_SPLIT = 1.2  # short rows in a wide output vs the best fixed split
 
 DECODE_BATCHES = {"full": [1, 2, 4, 8, 16, 32, 64], "quick": [1, 8, 64]}
 DECODE_KEYS = {
@@ -533,76 +526,7 @@ def table(results: list[ShapeResult], ceiling: dict[str, float]) -> str:
         f"copy ceiling: {ceiling.get('copy_tb_s', float('nan')):.2f} TB/s read+write "
         f"({100 * ceiling.get('copy_tb_s', 0) * 1e12 / HBM_BYTES_PER_S:.0f}% of 4.8)"
     )
-    lines.append(targets(results))
     return "\n".join(lines)
-
-
-def targets(results: list[ShapeResult]) -> str:
-    """The design's speed targets: HBM from 8 x 32K keys up, bf16/fp8 and the gather on decode
-    shapes with >= 8K keys per row, the wide outputs' split."""
-    lines = [_targets_long(results), _target_hbm(results), _target_wide(results)]
-    return "\n".join(line for line in lines if line)
-
-
-def _target_hbm(results: list[ShapeResult]) -> str:
-    big = [
-        r
-        for r in results
-        if not r.skipped
-        and r.shape["mode"] == "decode"
-        and not r.shape.get("width")
-        and r.shape["rows"] >= TARGET_HBM_MIN_ROWS
-        and r.shape["keys"] >= TARGET_HBM_MIN_KEYS
-    ]
-    hbm = [r.derived().get("bf16_default_hbm_pct") for r in big]
-    done = [h for h in hbm if h is not None]
-    if not done:
-        return ""
-    return (
-        f"target HBM >= {100 * TARGET_HBM_FRACTION:.0f}% of 4.8 TB/s (decode from {TARGET_HBM_MIN_ROWS} x "
-        f"{TARGET_HBM_MIN_KEYS} keys, default config): {sum(h >= 100 * TARGET_HBM_FRACTION for h in done)}/"
-        f"{len(done)} (min {min(done):.0f}%, max {max(done):.0f}%)"
-    )
-
-
-def _target_wide(results: list[ShapeResult]) -> str:
-    ratios = [
-        r.derived()["ratio_default_over_best_split_lean"]
-        for r in results
-        if not r.skipped and "ratio_default_over_best_split_lean" in r.derived()
-    ]
-    if not ratios:
-        return ""
-    return (
-        f"target wide outputs (default vs best fixed split, clean_logits=False) <= {TARGET_WIDE_VS_BEST_SPLIT}: "
-        f"{sum(x <= TARGET_WIDE_VS_BEST_SPLIT for x in ratios)}/{len(ratios)} (max {max(ratios):.2f})"
-    )
-
-
-def _targets_long(results: list[ShapeResult]) -> str:
-    long = [
-        r
-        for r in results
-        if not r.skipped
-        and r.shape["mode"] == "decode"
-        and not r.shape.get("width")
-        and r.shape["keys"] >= TARGET_MIN_KEYS
-    ]
-    if not long:
-        return "targets: no decode shape with >= 8K keys measured"
-    derived = [r.derived() for r in long]
-    ratio = [d["ratio_bf16_over_fp8"] for d in derived if "ratio_bf16_over_fp8" in d]
-    gather = [d["ratio_gather_over_bf16"] for d in derived if "ratio_gather_over_bf16" in d]
-    ratio_part = (
-        f"bf16/fp8 <= {TARGET_RATIO_VS_FP8:.2f}: {sum(x <= TARGET_RATIO_VS_FP8 for x in ratio)}/{len(ratio)} "
-        f"(max {max(ratio, default=float('nan')):.2f})"
-    )
-    gather_part = (
-        f"gather/bf16 >= {TARGET_GATHER_SPEEDUP:.0f}: {sum(x >= TARGET_GATHER_SPEEDUP for x in gather)}/{len(gather)} "
-        f"(min {min(gather, default=float('nan')):.1f})"
-    )
-    parts = [ratio_part, gather_part]
-    return "targets (decode, >= 8K keys/row, best config): " + "; ".join(parts)
 
 
 def write_outputs(
@@ -897,6 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         from verify.bench import compile_cost
 
         print(compile_cost.table(compile_result))
+    print("Targets (DESIGN.md):\n" + "\n".join(f"- {line}" for line in evaluate(json.loads(path.read_text()))))
     return 0
 
 
