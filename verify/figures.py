@@ -4,8 +4,9 @@ README.md and the results READMEs hold blocks between ``<!-- figures:NAME -->`` 
 ``<!-- /figures:NAME -->``; this module renders each block from the artifacts under
 ``verify/results/`` (the tier-2 recall, the forward tier, the per-platform diagnosis, tier-1
 parity, the sm_120 comparison). ``python -m verify.figures --write`` refreshes them after a new
-run; ``--check`` (a test runs it) fails when a block differs from what its artifact says. A block
-whose artifact is missing says so: it is never filled by hand.
+run, and is the only code that writes them; ``--check`` (the default; a test runs it) fails when a
+block differs from what its artifact says. A block whose artifact is missing says so: it is never
+filled by hand.
 """
 
 from __future__ import annotations
@@ -616,7 +617,9 @@ def check(root: Path = ROOT, docs: Sequence[str] = DOCS) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verify.figures", description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the blocks in place")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the blocks in place (their one writer)")
+    mode.add_argument("--check", action="store_true", help="only say which blocks differ (the default)")
     args = ap.parse_args(argv)
     if args.write:
         arms = forward_arms(ROOT)

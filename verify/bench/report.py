@@ -1,14 +1,15 @@
 """README's speed section, generated from the committed bench artifacts.
 
     python -m verify.bench.report            # check README.md against verify/results/h200/bench/
-    python -m verify.bench.report --write    # rewrite README.md's speed section from them
     python -m verify.bench.report --results build/gpu/bench --print   # a fresh run's section
 
 Reads ``bench_read.json`` (decode, wide outputs, prefill chunks, and when present the ``mtp`` and
 ``long_prefill`` sections of ``verify.bench.read_scenarios``), ``prefill/bench_read.json`` for the
 prefill row when the main file has none (an earlier run kept separately), and
-``bench_store.json``. The section sits between ``BEGIN`` and ``END`` in README.md; every figure in
-it comes from those files through this code, and ``tests/parity/test_bench_tools.py`` fails when
+``bench_store.json``. The section sits between ``BEGIN`` and ``END`` in README.md, and
+``python -m verify.figures --write`` writes it with every other block (its one writer); every
+figure in it comes from those files through this code (the targets through
+:func:`verify.bench.targets.evaluate`), and ``python -m verify.figures --check`` fails when
 README.md and the artifacts disagree. A section the artifacts do not hold is reported as not
 measured, with the command that measures it.
 """
@@ -542,21 +543,12 @@ def _keep_code_whole(lines: list[str]) -> list[str]:
     return [re.sub(r"`[^`]*`", lambda m: m[0].replace(" ", _NBSP), line) for line in lines]
 
 
-def splice(readme: str, block: str) -> str:
-    if BEGIN not in readme or END not in readme:
-        raise ValueError(f"README.md has no speed section markers ({BEGIN} ... {END})")
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return head + block + tail
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m verify.bench.report", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--readme", type=Path, default=README)
-    parser.add_argument("--write", action="store_true", help="rewrite the README section (default: check it)")
     parser.add_argument(
         "--print", action="store_true", help="print the generated section and exit (README untouched)"
     )
@@ -565,18 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(block)
         return 0
-    text = args.readme.read_text()
-    updated = splice(text, block)
-    if args.write:
-        if updated != text:
-            args.readme.write_text(updated)
-            print(f"{args.readme}: speed section rewritten from {args.results}")
-        else:
-            print(f"{args.readme}: speed section already matches {args.results}")
-        return 0
-    if updated != text:
+    if block not in args.readme.read_text():
         print(
-            f"{args.readme}'s speed section differs from {args.results}; run python -m verify.bench.report --write",
+            f"{args.readme}'s speed section differs from {args.results}; after committing the run's results "
+            "there, python -m verify.figures --write rewrites it",
             file=sys.stderr,
         )
         return 1
