@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verify.core.provenance import SERIES_HASH, series_hash
+
 HEADS = 64
 DIM = 128
 PAGE = 64
@@ -389,6 +391,7 @@ def run_passes(out: Path, cache: Path, timeout: float = 150.0) -> dict[str, Any]
         result[name]["wall_seconds"] = round(time.perf_counter() - t0, 2)
         if path.is_file():
             path.unlink()
+    result[SERIES_HASH] = series_hash()
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_compile.json").write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -71,6 +71,7 @@ from verify.bench.read_scenarios import (
 )
 from verify.bench.targets import HBM_BYTES_PER_S, evaluate
 from verify.bench.timing import graph_ms, replicas_for, replicate_pages
+from verify.core.provenance import SERIES_HASH, series_hash
 from verify.core.read_reference import (
     BF16_SLOT_BYTES,
     DIM,
@@ -724,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile,
         "sweep": args.sweep,
         "heads": args.heads,
+        SERIES_HASH: series_hash(),
     }
     ceiling = copy_ceiling(args)
     meta["copy_ceiling"] = ceiling

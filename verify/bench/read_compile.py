@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from verify.core import platform as P
+from verify.core.provenance import SERIES_HASH, series_hash
 
 COMPARISON_GROUPS_OF_4 = "MTP verify, groups of 4, at the decode config's stages (not launched)"
 
@@ -376,6 +377,7 @@ def as_json(reports: list[CompileReport]) -> dict[str, Any]:
 
     return {
         "triton": triton.__version__,
+        SERIES_HASH: series_hash(),
         "shared_memory": {t: {"per_block": P.SHARED_MEMORY[t][0], "per_sm": P.SHARED_MEMORY[t][1]}
                           for t in sorted({r.target for r in reports})},
         "reports": [{**asdict(r), "ok": r.ok, "pipelined": r.pipelined, "notes": r.notes,

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from verify.bench.timing import graph_ms
+from verify.core.provenance import SERIES_HASH, series_hash
 from verify.core.store_cases import DecodeCase, PrefillCase, make_prefill_case
 from verify.core.store_driver import (
     Prepared,
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "rep_ms": args.rep_ms,
         "statistic": "median",
         "timing": args.timing,
+        SERIES_HASH: series_hash(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_store.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

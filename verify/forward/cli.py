@@ -30,6 +30,7 @@ import torch
 from verify.core import platform as P
 from verify.core import probe as probe_mod
 from verify.core import upstream as U
+from verify.core.provenance import SERIES_HASH, applied_state, series_hash
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -71,7 +72,7 @@ def run_probe(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
             except Exception as exc:  # noqa: BLE001 -- recorded: a profile that cannot be probed is incomplete
                 errors.append(f"{profile} flag={'on' if flag else 'off'}: {U.short_error(exc)}")
     out.mkdir(parents=True, exist_ok=True)
-    data = {"dispatch": probe_mod.as_dicts(rows), "errors": errors}
+    data = {"dispatch": probe_mod.as_dicts(rows), "errors": errors, SERIES_HASH: series_hash()}
     (out / "dispatch.json").write_text(json.dumps(data, indent=1))
     (out / "dispatch.md").write_text(
         "# Which function upstream's C4 indexer calls, per platform (dispatch probe)\n\n"
@@ -328,15 +329,6 @@ def _versions() -> dict[str, Any]:
     except ImportError:
         pass
     info["sglang"] = str(U.sglang_root())
-    # which series the tree carries (what `apply` recorded), so a result names the code it ran
-    root = U.sglang_root()
-    if root is not None and len(root.parents) > 1:
-        from bf16k.errors import ToolError
-        from bf16k.upstream import read_state
-
-        try:
-            state = read_state(root.parents[1])
-        except ToolError:  # not a git tree (an installed sglang): nothing recorded
-            state = {}
-        info["series_hash"], info["tree_head"] = state.get("series_hash"), state.get("head")
+    # which series the tree carries, so a result names the code it ran
+    info[SERIES_HASH], info["tree_head"] = series_hash(), applied_state().get("head")
     return info

@@ -17,7 +17,6 @@ Exit status: 0 when the bf16 gate passes, 1 when it fails, 2 on usage or runtime
 from __future__ import annotations
 
 import argparse
-import hashlib
 import platform
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import torch
 
 from verify.core.deepseek_reference import fp4_rule_differences
 from verify.core.metrics import aggregate
+from verify.core.provenance import SERIES_HASH, series_hash
 
 from . import diagnose
 from .backend import FAULTS, Backend
@@ -90,19 +90,6 @@ def _git_head(repo: Path) -> str | None:
         return None
 
 
-def _series_hash(repo: Path) -> str | None:
-    series = repo / "series"
-    if not (series / "series").exists():
-        return None
-    h = hashlib.sha256()
-    for name in (series / "series").read_text().split():
-        f = series / name
-        h.update(name.encode())
-        if f.exists():
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
 def versions(backend: Backend) -> dict[str, object]:
     from verify.core import upstream
 
@@ -113,7 +100,7 @@ def versions(backend: Backend) -> dict[str, object]:
         "platform": platform.platform(),
         "sglang": upstream.sglang_version(),
         "product_git_head": _git_head(repo),
-        "series_hash": _series_hash(repo),
+        SERIES_HASH: series_hash(),
     }
     for mod in ("numpy", "matplotlib", "triton"):
         try:

@@ -699,6 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _deepgemm_probe_main()
         return 0
     from verify.core import platform as P
+    from verify.core.provenance import SERIES_HASH, series_hash
 
     from .backend_choice import make_backend
     from .verdicts import component_verdicts, render
@@ -720,13 +721,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         local = measured.get("local_profile", profile if not any(
             c["component"].endswith("hardware itself") for c in measured["components"]) else None)
         refolded = {"checks_from": str(args.refold), "forward_from": [str(f) for f in args.forward or []]}
+        applied = measured.get(SERIES_HASH)  # the checks are that run's: its series, not this checkout's
     else:
         if args.backend == "cpu" and args.platform == "auto":
             args.platform = P.local_profile() or "sm90"
         profile = P.resolve(args.platform)
         backend = make_backend(args.backend, (), args.fp8_scorer, platform=profile)
         diag = run(backend)
-        paths, local = backend.paths, P.local_profile()
+        paths, local, applied = backend.paths, P.local_profile(), series_hash()
     for c in diag.checks:
         print(f"[{c.status:7}] {c.name} -- {c.kernel}: {c.detail}")
     print(diag.verdict)
@@ -737,7 +739,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "diagnosis.json").write_text(json.dumps(
             {"platform": profile, "local_profile": local, "diagnosis": diag.to_dict(), "paths": paths,
-             "components": [line.__dict__ for line in lines], **({"refolded": refolded} if refolded else {})},
+             "components": [line.__dict__ for line in lines], SERIES_HASH: applied,
+             **({"refolded": refolded} if refolded else {})},
             indent=1, default=str))
         (args.out / "diagnosis.md").write_text(text)
     return 1 if any(line.status == "fail" for line in lines) else 0

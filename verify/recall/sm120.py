@@ -21,6 +21,8 @@ import hashlib
 import os
 from typing import Any
 
+from verify.core.provenance import SERIES_HASH, series_hash
+
 TARGETS = {
     "sm_120": '{"kind": "cuda", "arch": "sm_120"}',
     "sm_90a": '{"kind": "cuda", "arch": "sm_90a"}',
@@ -425,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["jit"].append(compare_builds(kernel, work))
             except Exception as exc:  # noqa: BLE001
                 result["jit"].append({"kernel": kernel, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+    result[SERIES_HASH] = series_hash()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sm120.json").write_text(json.dumps(result, indent=1))
     (args.out / "sm120.md").write_text(report_markdown(result))
