@@ -8,8 +8,9 @@ Per shape, in one process on one GPU:
   of its block configs (``CONFIG_SWEEP``, then keys-per-program variants of the best); the best
   is reported.
 - **fp8**: ``verify.core.fp8_twin`` -- a Triton twin of the bf16 kernel over upstream's fp8
-  index-K pages (132 B per key), swept over the same small config set. DeepGEMM's
-  ``fp8_paged_mqa_logits`` crashes on the GPU machine, so this twin stands in for it.
+  index-K pages (132 B per key), swept over the same small config set; beside it DeepGEMM's own
+  ``fp8_paged_mqa_logits`` where a working DeepGEMM imports (the GPU runner's ``USE_DEEPGEMM=1``,
+  :mod:`verify.bench.deepgemm_arm`), checked against the twin before it is timed.
 - **gather**: gather each row's pages into a bf16 ``[rows, len, 128]`` copy, then bmm (what
   upstream's torch fallbacks do); skipped where its transient memory would pass
   ``--gather-limit-gb`` (40 by default) or the free memory.

@@ -1,17 +1,18 @@
 """Spies on the C4 indexer's production functions, and the DeepGEMM stand-in.
 
 :class:`Spies` wraps, in upstream's own modules, every function ``forward_c4_indexer`` can pick
-for the logits, the top-k, the non-paged gather and the metadata (the roles of
-:data:`verify.core.upstream.FUNCTIONS`), records each call (role, shapes, ``clean_logits``) and calls
-through -- or, in ``probe`` mode (no GPU), returns a well-formed empty answer so the dispatch
-decision can be observed without running kernels.
+for the logits, the top-k, the non-paged gather and the metadata (the spied roles of
+:data:`verify.core.upstream.FUNCTIONS`), records each call (role, shapes, ``clean_logits``) and
+calls through -- or, in ``probe`` mode (no GPU), returns a well-formed empty answer so the
+dispatch decision can be observed without running kernels.
 
-DeepGEMM cannot run on the project's GPU machine (its wheel crashes against the machine's torch;
-a from-source build segfaults in its metadata call). Where upstream's sm_90 / sm_100 path calls
-it, :func:`deep_gemm_stand_in` provides a module of that name whose ``fp8_paged_mqa_logits`` is the
-Triton fp8 twin (DeepGEMM's signature and math: fp8 x fp8 -> fp32, times each key's scale),
-whose ``fp8_mqa_logits`` (the non-paged prefill path) is a torch implementation of the same math,
-and whose ``get_num_sms`` asks torch. Each use is recorded and named in the results.
+Where upstream's sm_90 / sm_100 path calls DeepGEMM and no working DeepGEMM imports (its PyPI
+wheel crashes against the GPU machine's torch; the GPU runner's ``deepgemm`` stage builds one from
+source, which ``USE_DEEPGEMM=1`` then puts in use), :func:`deep_gemm_stand_in` provides a module of
+that name whose ``fp8_paged_mqa_logits`` is the Triton fp8 twin (DeepGEMM's signature and math:
+fp8 x fp8 -> fp32, times each key's scale), whose ``fp8_mqa_logits`` (the non-paged prefill path)
+is a torch implementation of the same math, and whose ``get_num_sms`` asks torch. Each use is
+recorded and named in the results.
 """
 
 from __future__ import annotations
