@@ -53,17 +53,18 @@ def test_the_cpu_writers_record_the_same_series_hash(applied: str, tmp_path: Pat
     from verify.parity import store
     from verify.recall import cli, diagnose
 
+    key = provenance.SERIES_HASH
     recall = tmp_path / "recall"
     assert cli.main(["--out", str(recall), "--backend", "cpu", "--lengths", "338", "--topk", "64", "--depths", "50",
                      "--margins", "0.2", "--modes", "top", "--quiet", "--no-plots", "--no-diagnose"]) == 0
-    recorded = {"tier 2": json.loads((recall / "results.json").read_text())["versions"][provenance.SERIES_HASH]}
+    recorded = {"tier 2": json.loads((recall / "results.json").read_text())["versions"][key]}
 
     diagnose.main(["--backend", "cpu", "--platform", "sm90", "--out", str(tmp_path / "diagnose")])
-    recorded["diagnosis"] = json.loads((tmp_path / "diagnose" / "diagnosis.json").read_text())[provenance.SERIES_HASH]
+    recorded["diagnosis"] = json.loads((tmp_path / "diagnose" / "diagnosis.json").read_text())[key]
 
     if not torch.cuda.is_available():  # on a GPU this would run the suite
         store.main(["--out", str(tmp_path / "parity"), "--lengths", "1", "--only", "fused_bf16/*"])
-        recorded["tier 1"] = json.loads((tmp_path / "parity" / "store.json").read_text())["meta"][provenance.SERIES_HASH]
+        recorded["tier 1"] = json.loads((tmp_path / "parity" / "store.json").read_text())["meta"][key]
     assert recorded == dict.fromkeys(recorded, applied)
 
 

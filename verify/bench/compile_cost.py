@@ -247,20 +247,21 @@ def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
             x = _decode_inputs(rows, fp8=False)
             x["lens"].copy_(_prefill_inputs(rows, x["width"])["ke"])
 
-            def call(x: dict[str, Any] = x) -> Any:
+            def paged_call(x: dict[str, Any] = x) -> Any:
                 return paged.bf16_paged_mqa_logits(x["q"], x["kv"], x["w"], x["lens"], x["table"], None,
                                                    x["width"], False)
 
-            phase.calls.append(_timed(f"paged, {rows} rows", call, counter, capture=False))
+            phase.calls.append(_timed(f"paged, {rows} rows", paged_call, counter, capture=False))
         for rows in NONPAGED_PREFILL_ROWS:
             keys = rows // 4 + 1000  # a prefix before the chunk: every chunk's own key count
             x = _prefill_inputs(rows, keys)
 
-            def call(x: dict[str, Any] = x) -> Any:
+            def nonpaged_call(x: dict[str, Any] = x) -> Any:
                 return prefill.bf16_mqa_logits(x["q"], x["kv_bf16"], x["w"], x["ks"], x["ke"], x["width"],
                                                page_table=x["table"], clean_logits=False)
 
-            phase.calls.append(_timed(f"prefill kernel, {rows} rows x {keys} keys", call, counter, capture=False))
+            phase.calls.append(_timed(f"prefill kernel, {rows} rows x {keys} keys", nonpaged_call, counter,
+                                      capture=False))
     except Exception as error:  # noqa: BLE001
         phase.error = f"{type(error).__name__}: {error}"[:300]
     out.append(phase)
@@ -306,22 +307,22 @@ def fp8_phases(sizes: list[int], mtp_sizes: list[int], folders: dict[str, Path])
             x = _decode_inputs(rows, fp8=True)
             x["lens"].copy_(_prefill_inputs(rows, x["width"])["ke"])
 
-            def call(x: dict[str, Any] = x) -> Any:
+            def paged_call(x: dict[str, Any] = x) -> Any:
                 schedule = metadata(x["lens"], PAGE, sms)
                 return dg.fp8_paged_mqa_logits(x["q"], x["kv"], x["w"], x["lens"].reshape(-1, 1), x["table"],
                                                schedule, x["width"], False)
 
-            phase.calls.append(_timed(f"paged, {rows} rows", call, counter, capture=False))
+            phase.calls.append(_timed(f"paged, {rows} rows", paged_call, counter, capture=False))
         for rows in NONPAGED_PREFILL_ROWS:
             keys = rows // 4 + 1000
             x = _prefill_inputs(rows, keys)
 
-            def call(x: dict[str, Any] = x) -> Any:
+            def nonpaged_call(x: dict[str, Any] = x) -> Any:
                 return dg.fp8_mqa_logits(x["q"], (x["k_fp8"], x["k_scale"]), x["w"], x["ks"], x["ke"],
                                          clean_logits=False, max_seqlen_k=x["width"])
 
-            phase.calls.append(_timed(f"non-paged fp8_mqa_logits, {rows} rows x {keys} keys", call, counter,
-                                      capture=False))
+            phase.calls.append(_timed(f"non-paged fp8_mqa_logits, {rows} rows x {keys} keys", nonpaged_call,
+                                      counter, capture=False))
     except Exception as error:  # noqa: BLE001
         phase.error = f"{type(error).__name__}: {error}"[:300]
     out.append(phase)

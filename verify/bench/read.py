@@ -786,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # What this run is for first (MTP, wide outputs, long prefill), then the grids.
     for requests, keys, next_n in MTP_SHAPES[args.profile] if mtp is not None else []:
+        assert mtp is not None
         t0 = time.time()
         try:
             m = run_mtp(
@@ -795,19 +796,20 @@ def main(argv: list[str] | None = None) -> int:
         except torch.cuda.OutOfMemoryError as error:
             m = MtpResult(requests, keys, next_n, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}")
             torch.cuda.empty_cache()
-        mtp.append(m)  # type: ignore[union-attr]
+        mtp.append(m)
         print(f"mtp[{requests}x{keys}x{next_n}] {time.time() - t0:5.1f}s {m.derived()} {m.skipped or ''}", flush=True)
         save()
     for shape in [s for s in shapes if s.width]:
         time_shape(shape)
     for tokens in LONG_PREFILL_TOKENS[args.profile] if long_prefill is not None else []:
+        assert long_prefill is not None
         t0 = time.time()
         try:
             p = run_long_prefill(tokens, module, args, timed, prefill_module=prefill_module)
         except torch.cuda.OutOfMemoryError as error:
             p = LongPrefillResult(tokens, tokens // 4, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}")
             torch.cuda.empty_cache()
-        long_prefill.append(p)  # type: ignore[union-attr]
+        long_prefill.append(p)
         print(f"long_prefill[{tokens}] {time.time() - t0:5.1f}s {p.derived()} {p.skipped or ''}", flush=True)
         save()
     for shape in [s for s in shapes if not s.width]:
@@ -824,7 +826,8 @@ def main(argv: list[str] | None = None) -> int:
         from verify.bench import compile_cost
 
         print(compile_cost.table(compile_result))
-    print("Targets (DESIGN.md):\n" + "\n".join(f"- {line}" for line in evaluate(json.loads(path.read_text()))))
+    targets = evaluate(json.loads(path.read_text()))  # the README's target lines, for this run
+    print("Targets (DESIGN.md):\n" + "\n".join(f"- {line}" for line in targets))
     return 0
 
 

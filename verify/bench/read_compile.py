@@ -300,11 +300,13 @@ def prefill_variants(module: Any, target: str, all_variants: bool = False) -> li
     with the fill, and bf16 q at 32 heads); and (not launched there) the large-smem config where it
     is not selected."""
     config = module.select_prefill_config(P.kernel_shared_memory(module, target), 64)
-    out = [("prefill kernel (indexer: paged, clean_logits=False)", config, {"clean_logits": False}, True)]
+    out: list[tuple[str, Any, dict[str, Any], bool]] = [
+        ("prefill kernel (indexer: paged, clean_logits=False)", config, {"clean_logits": False}, True)]
     if all_variants:
         out += [
             ("prefill kernel, clean_logits=True", config, {"clean_logits": True}, True),
-            ("prefill kernel, bf16 q, 32 heads", config, {"clean_logits": False, "q_fp8": False, "heads": 32}, True),
+            ("prefill kernel, bf16 q, 32 heads", config, {"clean_logits": False, "q_fp8": False, "heads": 32},
+             True),
         ]
     large = module.CONFIGS["large_smem"]
     if config != large:
@@ -333,11 +335,11 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
                             **bf16_constexprs(module, config, **launch))
             )
         # What groups of 4 took before the kernel module chose their stages by shared memory.
-        grouped4 = {"group_rows": 4, "length_aware": True, "fill_tail": False}
+        grouped4: dict[str, Any] = {"group_rows": 4, "length_aware": True, "fill_tail": False}
         report = compile_for(target, kernel, _BF16_SIGNATURE, decode, variant=COMPARISON_GROUPS_OF_4,
                              **bf16_constexprs(module, decode, **grouped4))
         reports.append(replace(report, production=False))
-        plain = {"group_rows": 1, "length_aware": False, "fill_tail": True}
+        plain: dict[str, Any] = {"group_rows": 1, "length_aware": False, "fill_tail": True}
         for config in list(module.CONFIG_SWEEP) if all_configs else []:
             reports.append(
                 compile_for(target, kernel, _BF16_SIGNATURE, config, variant="sweep",

@@ -143,8 +143,9 @@ class LongPrefillResult:
         if done and flops:
             top = min(done, key=lambda t: t["ms"])
             out["bf16_prefill_best_swept_tflops"] = flops / (top["ms"] * 1e-3) / 1e12
-        if ms.get("bf16_prefill") and ms.get("deepgemm_nonpaged"):
-            out["ratio_bf16_prefill_over_deepgemm_nonpaged"] = ms["bf16_prefill"] / ms["deepgemm_nonpaged"]
+        prefill, nonpaged = ms.get("bf16_prefill"), ms.get("deepgemm_nonpaged")
+        if prefill and nonpaged:
+            out["ratio_bf16_prefill_over_deepgemm_nonpaged"] = prefill / nonpaged
         if ms.get("bf16_prefill") and self.dense_bf16_tflops and flops:
             out["bf16_prefill_pct_of_dense_bf16"] = 100 * out["bf16_prefill_tflops"] / self.dense_bf16_tflops
         bf16 = ms.get(self.dispatch_arm)
@@ -217,7 +218,7 @@ def expand_to_verify_rows(case: ReadCase, next_n: int, seed: int) -> ReadCase:
     )
 
 
-def _timing(label: str, fn: Callable[[], Any], *args: Any, **kw: Any) -> dict[str, Any]:
+def _timing(label: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> dict[str, Any]:
     """A read bench ``Timing`` as a dict (the JSON form)."""
     return asdict(fn(label, *args, **kw))
 

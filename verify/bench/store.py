@@ -62,8 +62,8 @@ def _time_with_events(fn: Callable[[], None], warmup_ms: int, rep_ms: int) -> fl
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
     end.record()
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         name = case.name if isinstance(case, PrefillCase) else f"decode/bs={len(case.seq_lens)}"
         try:
-            prepare = prepare_prefill if isinstance(case, PrefillCase) else prepare_decode
-            prepared = prepare(ops, case, freqs, device)  # type: ignore[arg-type]
+            prepared = (prepare_prefill(ops, case, freqs, device) if isinstance(case, PrefillCase)
+                        else prepare_decode(ops, case, freqs, device))
             prepared.name = name
             row = bench_case(ops, prepared, args.warmup_ms, args.rep_ms, args.timing)
         except Exception as error:  # noqa: BLE001 - one failing size must not hide the others

@@ -53,7 +53,7 @@ DEFAULT_CONFIG = TwinConfig()
 
 
 @triton.jit
-def _e4m3_bits_to_f32(x):  # type: ignore[no-untyped-def]
+def _e4m3_bits_to_f32(x):
     b = x.to(tl.int32) & 0xFF
     exp = (b >> 3) & 0xF
     man = b & 0x7
@@ -64,7 +64,7 @@ def _e4m3_bits_to_f32(x):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _fp8_paged_mqa_logits_twin_kernel(  # type: ignore[no-untyped-def]
+def _fp8_paged_mqa_logits_twin_kernel(
     q_ptr,  # [rows, H, 128] fp8 (raw bytes under the interpreter)
     k_ptr,  # pool bytes as fp8: page p, slot s at p * stride_kp + s * 128
     sc_ptr,  # the same pool as fp32: scale of slot s at p * stride_sp + 64 * 32 + s

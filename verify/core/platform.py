@@ -236,7 +236,7 @@ def _profile_shared_memory(name: str) -> tuple[Callable[[], None], list[str]]:
     notes: list[str] = []
     for role, what in (("score_bf16", "the bf16 kernel's"), ("score_bf16_prefill", "the bf16 prefill kernel's")):
         try:
-            module = importlib.import_module(FUNCTIONS[role].module)  # the package the dispatch imports
+            module: Any = importlib.import_module(FUNCTIONS[role].module)  # the package the dispatch imports
         except Exception:  # noqa: BLE001, S112 -- no such kernel in this tree (unpatched, older series)
             continue
         lookup = getattr(module, "_shared_memory", None)

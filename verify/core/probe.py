@@ -132,7 +132,7 @@ def probe(profile: str, flag: bool) -> list[Dispatch]:
         replaced.append(f"indexer.is_cuda -> {cuda_fact} (the profile's fact; upstream asks the device directly)")
         saved_capturing = torch.cuda.is_current_stream_capturing
         if not torch.cuda.is_available():
-            torch.cuda.is_current_stream_capturing = lambda: False  # type: ignore[assignment]
+            torch.cuda.is_current_stream_capturing = lambda: False
             replaced.append("torch.cuda.is_current_stream_capturing -> False (no CUDA device; nothing is captured)")
         device = "cuda" if torch.cuda.is_available() else "cpu"
         rig = Rig(RigConfig(device=device, flag=flag, max_reqs=4, full_tokens=1 << 16, max_context_len=1 << 15),
@@ -155,7 +155,7 @@ def probe(profile: str, flag: bool) -> list[Dispatch]:
             spies.uninstall()
             rig.close()
             indexer_mod.is_cuda = saved_is_cuda
-            torch.cuda.is_current_stream_capturing = saved_capturing  # type: ignore[assignment]
+            torch.cuda.is_current_stream_capturing = saved_capturing
     return out
 
 

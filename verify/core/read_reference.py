@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -131,13 +132,13 @@ def verify_lengths(finals: list[int], next_n: int) -> list[int]:
 
 
 def make_group_case(
-    lengths: list[int], group_rows: int, *, poison_others: bool = True, **kw: object
+    lengths: list[int], group_rows: int, *, poison_others: bool = True, **kw: Any
 ) -> tuple[ReadCase, ReadCase]:
     """Rows in consecutive groups of ``group_rows`` (the last may be partial) that share the
     page table of the group's longest row. Returns (the kernel's inputs, where with
     ``poison_others`` every row but a group's first has a table of the NaN page only, so a
     kernel reading any table but the first poisons that row; the oracle's inputs)."""
-    case = make_read_case(lengths, **kw)  # type: ignore[arg-type]
+    case = make_read_case(lengths, **kw)
     table = case.page_table.clone()
     for start in range(0, case.rows, group_rows):
         group = lengths[start : start + group_rows]

@@ -122,12 +122,12 @@ def _cpu_capability(capability: tuple[int, int]) -> Iterator[list[str]]:
         yield replaced
         return
     saved = torch.cuda.get_device_capability
-    torch.cuda.get_device_capability = lambda *a, **k: capability  # type: ignore[assignment]
+    torch.cuda.get_device_capability = lambda *a, **k: capability
     replaced.append(f"torch.cuda.get_device_capability -> {capability} (no CUDA device: the backend asks it at construction)")
     try:
         yield replaced
     finally:
-        torch.cuda.get_device_capability = saved  # type: ignore[assignment]
+        torch.cuda.get_device_capability = saved
 
 
 class Rig:

@@ -72,7 +72,7 @@ def run_probe(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
             except Exception as exc:  # noqa: BLE001 -- recorded: a profile that cannot be probed is incomplete
                 errors.append(f"{profile} flag={'on' if flag else 'off'}: {U.short_error(exc)}")
     out.mkdir(parents=True, exist_ok=True)
-    data = {"dispatch": probe_mod.as_dicts(rows), "errors": errors, SERIES_HASH: series_hash()}
+    data: dict[str, Any] = {"dispatch": probe_mod.as_dicts(rows), "errors": errors, SERIES_HASH: series_hash()}
     (out / "dispatch.json").write_text(json.dumps(data, indent=1))
     (out / "dispatch.md").write_text(
         "# Which function upstream's C4 indexer calls, per platform (dispatch probe)\n\n"

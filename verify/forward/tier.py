@@ -386,7 +386,7 @@ class Arm:
             res.keys.append({"request": req.rid, "length": req.length, **asdict(kc)})
             if not kc.ok:
                 problems.append(f"request {req.rid} keys: {kc.detail}")
-            if q_prod is None:
+            if q_prod is None or w_prod is None:  # logged together: both or neither
                 problems.append("no q was computed (compute_q did not run)")
                 continue
             pick = picks[i] if picks is not None else _sample_rows(n, ((positions[rows] + 1) // 4).cpu())
@@ -702,6 +702,7 @@ def bounded_scenario(arm: Arm, sizes: Sizes) -> None:
     from sglang.srt.layers.attention.mqa_logits_utils import mqa_logits_row_bytes
 
     rig = arm.rig
+    assert sizes.bounded is not None, "run only with its sizes"
     one_shot, prefix, extend = sizes.bounded
     keys = -(-one_shot // 4 // 64) * 64
     target = one_shot * mqa_logits_row_bytes(keys) // sizes.bounded_chunks
@@ -726,6 +727,7 @@ def bounded_large_scenario(arm: Arm, sizes: Sizes) -> None:
     plan are recorded), the last -- 16K rows x 256K keys, 16 GiB of logits in one piece -- is a
     bounded step, checked as every step is."""
     rig = arm.rig
+    assert sizes.bounded_large is not None, "run only with its sizes"
     total, chunk = sizes.bounded_large
     r = rig.new_request(90)
     done = 0

@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -90,11 +91,11 @@ def _git_head(repo: Path) -> str | None:
         return None
 
 
-def versions(backend: Backend) -> dict[str, object]:
+def versions(backend: Backend) -> dict[str, Any]:
     from verify.core import upstream
 
     repo = Path(__file__).resolve().parents[2]
-    v: dict[str, object] = {
+    v: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
@@ -145,8 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sequences=args.sequences or (2 if gpu else 1),
     )
     gen = GenConfig(seed=args.seed)
-    records: list[dict[str, object]] = []
-    per_problem: list[dict[str, object]] = []
+    records: list[dict[str, Any]] = []
+    per_problem: list[dict[str, Any]] = []
     source = "synthetic"
     if args.replay is not None:
         from .replay import load_problem
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend.paths["replay_captured_format"] = cap.index_k_format
         log(f"[recall] replay {args.replay}: {cap.rows} rows, {cap.num_pages} pages ({cap.index_k_format}), topk {topks}")
         out = run_problem(problem, backend, arms, control, budget, preset=preset)
-        records.extend(out["records"])  # type: ignore[arg-type]
+        records.extend(out["records"])
         per_problem.append({"source": source, "rows": problem.num_rows, "timing": out["timing"], "canary": out["canary"], "metadata": cap.metadata})
     else:
         for length in lengths:
@@ -169,9 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             problem = build_planted(length, plan, gen, backend.quantize_q, backend.device)
             t_build = time.perf_counter() - t0
             out = run_problem(problem, backend, arms, control, budget)
-            records.extend(out["records"])  # type: ignore[arg-type]
+            records.extend(out["records"])
             unplaceable = sum(1 for r in problem.rows if r.get("needle_unplaceable"))
-            rounding = fp4_rule_differences(problem.queries.q_rot, problem.keys_ref[problem.written_slots])  # type: ignore[arg-type]
+            rounding = fp4_rule_differences(problem.queries.q_rot, problem.keys_ref[problem.written_slots])
             per_problem.append(
                 {
                     "length_tokens": length,
@@ -180,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "pages": problem.num_pages,
                     "needles_unplaceable": unplaceable,
                     "fp4_upstream_vs_reference_rounding": rounding,
-                    "timing": {"build_s": t_build, **out["timing"], "total_s": time.perf_counter() - t0},  # type: ignore[dict-item]
+                    "timing": {"build_s": t_build, **out["timing"], "total_s": time.perf_counter() - t0},
                     "canary": out["canary"],
                 }
             )

@@ -107,7 +107,7 @@ class GpuBackend(Backend):
         pool = F.new_pool("fp8", 1, self.device)
         keys = torch.randn(F.PAGE_SLOTS, F.HEAD_DIM, device=self.device)
         slots = torch.arange(F.PAGE_SLOTS, device=self.device)
-        errors = []
+        errors: list[str] = []
         for dtype in (torch.float32, torch.bfloat16):
             try:
                 self._fp8_store.obj(input=keys.to(dtype), cache=pool, indices=slots, page_size=F.PAGE_SLOTS, type="indexer")
@@ -173,8 +173,9 @@ class GpuBackend(Backend):
             # rope_cache[position], so a compact table replaces a 131K-row one.
             freqs = torch.complex(qi.cos.float(), qi.sin.float()).contiguous()
             positions = torch.arange(qi.q_pre.shape[0], device=self.device, dtype=torch.int64)
+            assert qi.w_raw is not None, "a q before RoPE comes with its head weights"
             q8, w = self._q.obj(
-                qi.q_pre.contiguous(), qi.w_raw.contiguous(), float(qi.weight_scale), freqs, positions  # type: ignore[union-attr]
+                qi.q_pre.contiguous(), qi.w_raw.contiguous(), float(qi.weight_scale), freqs, positions
             )
             return q8, w.view(w.shape[0], -1).float()
         return self.emul._quantize_q(qi)

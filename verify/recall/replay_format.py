@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -124,7 +125,7 @@ def write_capture(
     pages, table, ref = index_k_pages, page_table, k_ref
     if compact:
         pages, table, ref = compact_pages(index_k_pages, page_table, seq_lens, k_ref)
-    payload: dict[str, object] = {
+    payload: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "index_k_format": index_k_format,
@@ -158,7 +159,7 @@ def write_capture(
     return path
 
 
-def _from_payload(p: dict[str, object]) -> Capture:
+def _from_payload(p: dict[str, Any]) -> Capture:
     q = p["q"]
     assert isinstance(q, torch.Tensor)
     if p.get("q_dtype") == "float8_e4m3fn":
@@ -166,19 +167,19 @@ def _from_payload(p: dict[str, object]) -> Capture:
     return Capture(
         index_k_format=str(p["index_k_format"]),
         q=q,
-        weights=p["weights"],  # type: ignore[arg-type]
-        index_k_pages=p["index_k_pages"],  # type: ignore[arg-type]
-        page_table=p["page_table"],  # type: ignore[arg-type]
-        seq_lens=p["seq_lens"],  # type: ignore[arg-type]
-        index_topk=int(p["index_topk"]),  # type: ignore[arg-type]
-        page_size=int(p.get("page_size", PAGE_SIZE)),  # type: ignore[arg-type]
-        metadata=dict(p.get("metadata") or {}),  # type: ignore[call-overload]
-        needle_pos=p.get("needle_pos"),  # type: ignore[arg-type]
-        k_ref=p.get("k_ref"),  # type: ignore[arg-type]
-        q_ref=p.get("q_ref"),  # type: ignore[arg-type]
-        weights_ref=p.get("weights_ref"),  # type: ignore[arg-type]
-        row_tokens=p.get("row_tokens"),  # type: ignore[arg-type]
-        q_scale_ue8m0=p.get("q_scale_ue8m0"),  # type: ignore[arg-type]
+        weights=p["weights"],
+        index_k_pages=p["index_k_pages"],
+        page_table=p["page_table"],
+        seq_lens=p["seq_lens"],
+        index_topk=int(p["index_topk"]),
+        page_size=int(p.get("page_size", PAGE_SIZE)),
+        metadata=dict(p.get("metadata") or {}),
+        needle_pos=p.get("needle_pos"),
+        k_ref=p.get("k_ref"),
+        q_ref=p.get("q_ref"),
+        weights_ref=p.get("weights_ref"),
+        row_tokens=p.get("row_tokens"),
+        q_scale_ue8m0=p.get("q_scale_ue8m0"),
     )
 
 

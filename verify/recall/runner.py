@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -131,7 +132,7 @@ def run_problem(
     control: EmulationBackend | None = None,
     budget_bytes: int = 1 << 30,
     preset: dict[str, tuple[str, torch.Tensor]] | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Returns ``{"records": [...], "timing": {...}, "canary": {...}}``; one record per (row, arm).
 
     ``preset`` maps extra arms to ready pools ``(format, pool)`` scored as they are (replay's
@@ -151,13 +152,13 @@ def run_problem(
     q_deq = problem.q_fp8.float()
     qi = problem.queries
     has_unq = qi.q_rot is not None and qi.w_raw is not None
-    w_unq = qi.w_raw.float() * qi.weight_scale if has_unq else None  # type: ignore[union-attr]
+    w_unq = qi.w_raw.float() * qi.weight_scale if has_unq and qi.w_raw is not None else None
     arms = [a for a in arms if a not in UNQ_Q_ARMS or has_unq]
     queries = {arm: arm_query(arm, problem.q_fp8, problem.w, qi) for arm in arms}
     t1 = time.perf_counter()
     reference = ReferenceIndexer.of(problem.keys_ref) if has_unq else None
     t_oracle = time.perf_counter() - t1
-    records: list[dict[str, object]] = []
+    records: list[dict[str, Any]] = []
     t_score = 0.0
     for rows in batch_rows(problem, budget_bytes):
         qidx = problem.q_index[rows]
@@ -165,9 +166,9 @@ def run_problem(
         pt = problem.page_table[rows]
         t1 = time.perf_counter()
         oracle = grouped_row_logits(ref, q_deq, problem.w, qidx, pt, seq)
-        oracle_unq = grouped_row_logits(ref, qi.q_rot, w_unq, qidx, pt, seq) if has_unq else None  # type: ignore[arg-type]
+        oracle_unq = grouped_row_logits(ref, qi.q_rot, w_unq, qidx, pt, seq) if has_unq else None
         oracle_ref, ref_sel = (
-            reference.select(qi.q_rot, w_unq, qidx, pt, seq, problem.topk[rows])  # type: ignore[arg-type]
+            reference.select(qi.q_rot, w_unq, qidx, pt, seq, problem.topk[rows])
             if reference is not None else (None, None)
         )
         sync(oracle.device)
@@ -201,17 +202,17 @@ def run_problem(
                 m = row_metrics(o_sub, seq[sub], topk, sels[arm], needle)
                 if oracle_unq is not None:
                     m["recall_tie_unq"] = row_metrics(oracle_unq[sub], seq[sub], topk, sels[arm])["recall_tie"]
-                    m["q_quant_recall"] = q_quant  # type: ignore[assignment]
+                    m["q_quant_recall"] = q_quant
                 if oracle_ref is not None:
                     m["recall_tie_ref"] = row_metrics(oracle_ref[sub], seq[sub], topk, sels[arm])["recall_tie"]
-                    m["ref_recall_tie"] = ref_same  # type: ignore[assignment]
-                    m["ref_recall_tie_unq"] = ref_unq  # type: ignore[assignment]
+                    m["ref_recall_tie"] = ref_same
+                    m["ref_recall_tie_unq"] = ref_unq
                 if bf16_sel is not None:
                     m["agree_bf16"] = _agreement(sels[arm], bf16_sel, m["k"])
                 cols = {name: t.detach().cpu().tolist() for name, t in m.items() if t is not None}
                 for j, r in enumerate(r_ids.tolist()):
                     meta = problem.rows[r]
-                    rec: dict[str, object] = {f: meta.get(f) for f in ROW_FIELDS}
+                    rec: dict[str, Any] = {f: meta.get(f) for f in ROW_FIELDS}
                     rec["row"] = r
                     rec["arm"] = arm
                     rec["source"] = problem.source
