@@ -78,7 +78,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, tags=["ci"], default=False)
 def lint(session: nox.Session) -> None:
-    """ruff, mypy --strict over bf16k; the applied series against upstream's format, production-code and CI-registration rules."""
+    """ruff, mypy (--strict over bf16k, every function body of verify); the applied series against upstream's format, production-code and CI-registration rules."""
     session.install("ruff==0.17.6", "mypy==2.4.1")
     session.run("ruff", "check", ".")
     session.run("mypy")  # packages and strictness from pyproject's [tool.mypy]

@@ -1,4 +1,4 @@
-"""verify.platform is the one loader of upstream's functions; tier 1's read checks reach patch 4's
+"""verify.core.upstream is the one loader of upstream's functions; tier 1's read checks reach patch 4's
 kernel module and upstream's torch reader through it, by either route."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from verify.parity import upstream_read
+from verify.core import upstream as U
 
 
 def test_kernel_module_by_package_import() -> None:
-    module, route = upstream_read.load_bf16_kernel_module()
+    module, route = U.load_bf16_kernel_module()
     assert route == "package import" and callable(module.bf16_paged_mqa_logits)
 
 
@@ -26,10 +26,10 @@ def test_kernel_module_as_a_standalone_file_when_sglangs_import_chain_fails(monk
 
     monkeypatch.setattr(importlib, "import_module", no_sglang)
     monkeypatch.delitem(sys.modules, "_verify_bf16_index_logits", raising=False)
-    module, route = upstream_read.load_bf16_kernel_module()
+    module, route = U.load_bf16_kernel_module()
     assert route.startswith("standalone file ") and "sgl_kernel" in route
     assert module.__name__ == "_verify_bf16_index_logits" and callable(module.bf16_paged_mqa_logits)
-    fn, how = upstream_read.load_upstream_fp8_torch_reader()
+    fn, how = U.load_upstream_fp8_torch_reader()
     assert "from source" in how and fn.__name__ == "fp8_paged_mqa_logits_torch"
 
 
@@ -37,5 +37,5 @@ def test_a_tree_missing_from_the_path_is_a_clear_error(monkeypatch: pytest.Monke
     monkeypatch.setattr(importlib, "import_module", lambda name, package=None: (_ for _ in ()).throw(ImportError(name)))
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "sglang-upstream" not in p])
     monkeypatch.delitem(sys.modules, "_verify_bf16_index_logits", raising=False)
-    with pytest.raises(upstream_read.UpstreamMissing, match="put the patched upstream's python/ on PYTHONPATH"):
-        upstream_read.load_bf16_kernel_module()
+    with pytest.raises(U.UpstreamMissing, match="put the patched upstream's python/ on PYTHONPATH"):
+        U.load_bf16_kernel_module()

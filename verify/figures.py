@@ -4,8 +4,9 @@ README.md and the results READMEs hold blocks between ``<!-- figures:NAME -->`` 
 ``<!-- /figures:NAME -->``; this module renders each block from the artifacts under
 ``verify/results/`` (the tier-2 recall, the forward tier, the per-platform diagnosis, tier-1
 parity, the sm_120 comparison). ``python -m verify.figures --write`` refreshes them after a new
-run; ``--check`` (a test runs it) fails when a block differs from what its artifact says. A block
-whose artifact is missing says so: it is never filled by hand.
+run, and is the only code that writes them; ``--check`` (the default; a test runs it) fails when a
+block differs from what its artifact says. A block whose artifact is missing says so: it is never
+filled by hand.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def _forward_results(root: Path) -> tuple[list[str], dict[str, Any] | None]:
     runs = sorted((root / H200 / "forward").glob("*/results.json"))
     if not runs:
         return [f"{H200}/forward/<run>/results.json"], None
-    from verify.forward.runs import merge_runs
+    from verify.core.forward_runs import merge_runs
 
     # folders sort by name (the run's time stamp): a later run of the same arm replaces an earlier
     merged = merge_runs(runs)
@@ -204,7 +205,7 @@ def forward(root: Path) -> str:
         rows.append(f"| {a['profile']} | {a['arm']} | {a['steps_passed']}/{a['steps']} | {', '.join(a['scorers'])} | "
                     f"{', '.join(a['topks'])} | {a['min_same_input_agreement']:.4f} | {exact} | {ref_text} | "
                     f"{a['peak_mib']} |")
-    from verify.forward.checks import flag_off_status
+    from verify.core.forward_runs import flag_off_status
 
     replaced = sorted({r for a in summary["arms"] for r in a["replaced"]})
     base = "; ".join("{}: {} ({})".format(p, *flag_off_status(b)) for p, b in summary["baseline"].items()) or "not run"
@@ -222,7 +223,7 @@ def forward(root: Path) -> str:
 def flag_off(root: Path) -> str:
     """Per profile, the latest flag-off comparison with the unpatched tree, step by step where
     the selections differ (what the forward block's one line sums up)."""
-    from verify.forward.checks import flag_off_status
+    from verify.core.forward_runs import flag_off_status
 
     rels, res = _forward_results(root)
     if res is None or not res["baseline"]:
@@ -616,7 +617,9 @@ def check(root: Path = ROOT, docs: Sequence[str] = DOCS) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verify.figures", description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the blocks in place")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the blocks in place (their one writer)")
+    mode.add_argument("--check", action="store_true", help="only say which blocks differ (the default)")
     args = ap.parse_args(argv)
     if args.write:
         arms = forward_arms(ROOT)

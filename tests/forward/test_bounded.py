@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from verify.core.stand_ins import Spies
 from verify.forward import tier
-from verify.forward.stand_ins import Spies
 
 MIB = 2**20
 
@@ -175,7 +175,7 @@ def test_under_a_profile_bf16_is_chunked_by_the_budget_without_a_schedule(profil
     the profile's hook env (sm120: SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1, whose fp8 path plans no
     chunks): with a budget (a CPU has none, so it is handed one here) bf16 rows are chunked and no
     DeepGEMM schedule is built."""
-    from verify import platform as P
+    from verify.core import platform as P
 
     with P.applied(profile) as applied:
         from sglang.srt.layers.attention.dsv4.metadata import PagedIndexerMetadata

@@ -5,8 +5,8 @@ and say which: the profiles then follow upstream, not this file."""
 
 import pytest
 
-from verify import platform as P
-from verify.forward import probe
+from verify.core import platform as P
+from verify.core import probe
 
 
 @pytest.fixture(scope="module")

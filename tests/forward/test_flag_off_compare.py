@@ -55,7 +55,7 @@ def test_missing_steps_fail():
 
 
 def test_a_record_from_before_the_classification_reads_incomplete_where_the_pools_agreed():
-    from verify.forward.checks import flag_off_status
+    from verify.core.forward_runs import flag_off_status
 
     old = {"status": "fail", "detail": "differs from the unpatched tree: selections ['stale:3000'], pool bytes [], missing []"}
     assert flag_off_status(old)[0] == "incomplete"
@@ -66,8 +66,8 @@ def test_a_record_from_before_the_classification_reads_incomplete_where_the_pool
 
 
 def test_runs_whose_scorers_were_built_differently_are_not_compared():
-    # Session 5's sm120 run: the patched run forced TileLang to sm_120's mma.sync lowering, the
-    # unpatched worker did not (wgmma), and 35 prefill steps broke near-ties differently.
+    # An sm120 run where the patched run forced TileLang to sm_120's mma.sync lowering and the
+    # unpatched worker did not (wgmma): prefill steps broke near-ties differently.
     patched = {**record([[0, 1, 2]]), "scorer_build": "TileLang built with TL_DISABLE_WGMMA"}
     res = compare_flag_off(patched, {**record([[0, 1, 3]]), "scorer_build": None})
     assert res["status"] == "error" and "built differently" in res["detail"]

@@ -4,10 +4,10 @@ catching what they exist to catch."""
 
 import torch
 
+from verify.core import formats as F
+from verify.core.rig import RigConfig, make_weights
 from verify.forward import reference as R
 from verify.forward.checks import check_keys, check_selection
-from verify.forward.rig import RigConfig, make_weights
-from verify.recall import formats as F
 
 
 def _weights():
@@ -138,16 +138,13 @@ def test_long_steps_check_the_rows_around_every_key_tile_boundary():
     assert _sample_rows(100, lens[:100]) == list(range(100))
 
 
-def test_a_forward_result_names_the_series_its_tree_carries(monkeypatch):
+def test_a_forward_result_names_the_series_its_tree_carries():
     from pathlib import Path
 
     from bf16k.series import series_hash
-    from verify import platform as P
     from verify.forward.cli import _versions
 
     root = Path(__file__).resolve().parents[2]
-    tree = root / "sglang-upstream" / "python" / "sglang"
-    monkeypatch.setattr(P, "sglang_root", lambda: tree)
     info = _versions()
     assert info["series_hash"] == series_hash(root / "series") and len(info["tree_head"]) == 40
 

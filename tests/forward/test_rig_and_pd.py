@@ -6,9 +6,9 @@ with different page assignments, for fp8 and bf16 -- and a wrong descriptor is c
 import pytest
 import torch
 
-from verify import platform as P
+from verify.core import platform as P
+from verify.core.rig import PAGE_TOKENS, Rig, RigConfig
 from verify.forward import pd
-from verify.forward.rig import PAGE_TOKENS, Rig, RigConfig
 
 
 @pytest.fixture

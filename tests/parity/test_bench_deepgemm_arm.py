@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from verify.bench import deepgemm_arm, fp8_twin
-from verify.parity.read_reference import (
+from verify.bench import deepgemm_arm
+from verify.core import fp8_twin
+from verify.core.read_reference import (
     FP8_SLOT_BYTES,
     PAGE,
     causal_lengths,

@@ -12,6 +12,7 @@ Needs the patched upstream on the path:
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 
@@ -22,12 +23,12 @@ if not torch.cuda.is_available():
     # Before any Triton kernel module is imported: triton.jit reads it at decoration time.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from verify.bench import fp8_twin
-from verify.parity.read_reference import (
+from verify.bench.targets import evaluate
+from verify.core import fp8_twin
+from verify.core.read_reference import (
     FP8_PAGE_BYTES,
     PAGE,
     ReadCase,
-    calc_diff,
     causal_lengths,
     gather_peak_bytes,
     make_read_case,
@@ -36,7 +37,8 @@ from verify.parity.read_reference import (
     pack_fp8_pages,
     unpack_fp8_pages,
 )
-from verify.parity.upstream_read import (
+from verify.core.scoring import calc_diff
+from verify.core.upstream import (
     UpstreamMissing,
     load_bf16_kernel_module,
     load_upstream_fp8_torch_reader,
@@ -248,9 +250,13 @@ def test_bench_shapes_and_report(tmp_path) -> None:  # type: ignore[no-untyped-d
     assert d["ratio_gather_over_bf16"] == pytest.approx(9.0 / 0.55)
     text = bench.table([ok, skipped], {"copy_tb_s": 4.3})
     assert "n128/w4/s3/swap/kauto" in text and "skipped: needs more memory" in text
-    assert "bf16/fp8 <= 1.94: 1/1" in text
     path = bench.write_outputs(tmp_path, {"gpu": "test"}, [ok, skipped])
     assert path.exists() and (tmp_path / "bench_read.csv").read_text().count("\n") == 3
+    # The run's targets are the one evaluator's, over what the run wrote (bf16 at its default config).
+    ok.bf16_default = ok.bf16_best
+    lines = evaluate(json.loads(bench.write_outputs(tmp_path, {"gpu": "test"}, [ok, skipped]).read_text()))
+    assert "bf16 / fp8 twin <= 1.94 (decode, >= 8,192 keys): 1/1 (max 1.67)" in lines
+    assert ">= 10x over the naive gather: 1/1 (min 16.4x)" in lines
     assert bench.main(["--dry-run", "--profile", "quick"]) == 0
 
 
@@ -286,8 +292,8 @@ def test_grouped_static_launches_are_refused_before_launch() -> None:
     under a static config and groups under the default config get through to the launch."""
     from dataclasses import replace
 
+    from verify.core.read_reference import make_group_case, verify_lengths
     from verify.parity.read import _claims_cuda, _LaunchRecorder
-    from verify.parity.read_reference import make_group_case, verify_lengths
 
     module = _upstream("kernel")
     case, _ = make_group_case(verify_lengths([65, 129], 2), 2, poison_others=False, seed=1)
@@ -312,7 +318,7 @@ def test_grouped_static_launches_are_refused_before_launch() -> None:
 
 
 def test_prefill_case_layout_and_poison() -> None:
-    from verify.parity.read_reference import make_prefill_case, pages_for
+    from verify.core.read_reference import make_prefill_case, pages_for
 
     case = make_prefill_case(causal_lengths(64, 100), seed=3)
     assert case.q.shape == (64, 64, 128) and case.page_table.dim() == 1 and case.n_keys == 100
@@ -327,7 +333,7 @@ def test_prefill_case_layout_and_poison() -> None:
 
 
 def test_prefill_oracle_matches_the_paged_oracle_and_honours_ks() -> None:
-    from verify.parity.read_reference import make_prefill_case, mqa_oracle_logits, mqa_owned
+    from verify.core.read_reference import make_prefill_case, mqa_oracle_logits, mqa_owned
 
     ke = causal_lengths(40, 130)
     case = make_prefill_case(ke, heads=32, q_dtype=torch.bfloat16, seed=4)
@@ -435,7 +441,7 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
     from tests.parity.kernel_stand_ins import paged_stand_in, prefill_stand_in
     from verify.bench import read as bench
     from verify.bench import read_scenarios as sc
-    from verify.parity.upstream_read import load_bf16_prefill_module
+    from verify.core.upstream import load_bf16_prefill_module
 
     module = paged_stand_in(_upstream("kernel"))
     prefill = prefill_stand_in(load_bf16_prefill_module()[0], block_k=64)
@@ -484,10 +490,15 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
     assert "ratio_dispatch_over_fp8_twin" in d and long.floors["fp8_nonpaged_ms"] > 0
     # rows of at most 512 keys get empty ranges, as upstream's plan gives them: fewer FLOPs dispatched
     assert 0 < long.floors["flops_dispatch"] < long.floors["flops"]
-    assert "target MTP verify" in sc.mtp_table([mtp]) and "target long prefill" in sc.long_prefill_table([old])
     table = sc.long_prefill_table([long])
-    assert "TFLOP/s effective" not in table  # 192 tokens: no target length
-    assert "vs DeepGEMM" not in table and "sweep block_r=32" in table
+    assert "sweep block_r=32" in table and "req x" in sc.mtp_table([mtp])
+    # The targets, from the one evaluator over what the run writes: the MTP one and, before the
+    # prefill kernel, the old long-prefill one; 192 tokens is no target length of the prefill kernel.
+    before = evaluate(json.loads(bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [old]).read_text()))
+    assert any(line.startswith("MTP verify (grouped) <= 1.15x one row per request: ") for line in before)
+    assert any(line.startswith("long prefill within 1.2x of upstream's fp8 prefill path: ") for line in before)
+    after = evaluate(json.loads(bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [long]).read_text()))
+    assert not any("TFLOP/s effective" in line or "vs DeepGEMM" in line for line in after)
     bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [long])
     assert (tmp_path / "bench_mtp.csv").read_text().count("\n") == 2
     assert "ratio_grouped_over_one_row" in (tmp_path / "bench_mtp.csv").read_text()

@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from verify.parity.store_cases import (
+from verify.core.store_cases import (
     DEFAULT_LENGTHS,
     Chunk,
     DecodeCase,
     make_prefill_case,
     split_chunks,
 )
-from verify.parity.store_layout import (
+from verify.core.store_layout import (
     BF16_LAYOUT,
     FP8_LAYOUT,
     bf16_slot_view,
@@ -26,7 +26,7 @@ from verify.parity.store_layout import (
     slots_for_keys,
     written_byte_mask,
 )
-from verify.parity.store_reference import (
+from verify.core.store_reference import (
     bf16_ulp_distance,
     compare_bf16,
     fwht,

@@ -21,11 +21,12 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
+from verify.core.store_cases import DecodeCase, make_prefill_case
+from verify.core.store_layout import FP8_LAYOUT
+from verify.core.store_reference import index_k_reference
+from verify.core.upstream import worker_env
 from verify.parity import store as suite_mod
 from verify.parity import store_baseline
-from verify.parity.store_cases import DecodeCase, make_prefill_case
-from verify.parity.store_layout import FP8_LAYOUT
-from verify.parity.store_reference import index_k_reference
 from verify.parity.store_report import CheckResult, Status, run_check, summary_table, write_json
 
 CPU = torch.device("cpu")
@@ -229,7 +230,7 @@ def test_worker_env_puts_the_chosen_tree_first_and_drops_other_sglang(
     wheels.mkdir()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(other), str(wheels)]))
     monkeypatch.setenv("SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR", "1")
-    env = store_baseline.worker_env(tmp_path / "base", tmp_path / "cache")
+    env = worker_env(tmp_path / "base", tmp_path / "cache")
     parts = env["PYTHONPATH"].split(os.pathsep)
     assert parts[0] == str(tmp_path / "base") and str(other) not in parts and str(wheels) in parts
     assert env["SGLANG_JIT_CACHE_DIR"] == str(tmp_path / "cache")
@@ -293,7 +294,7 @@ def test_compressor_arms_run_upstream_forward_unified(tmp_path: Path) -> None:
     from sglang.srt.layers.attention.dsa import dsa_indexer
 
     def torch_hadamard(x: torch.Tensor) -> torch.Tensor:
-        from verify.parity.store_reference import fwht
+        from verify.core.store_reference import fwht
 
         return fwht(x) * 128**-0.5
 

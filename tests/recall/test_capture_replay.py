@@ -32,7 +32,7 @@ import torch
 
 from sglang.srt.layers.attention.dsv4 import indexer_capture
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4IndexerPool
-from verify.recall import formats as F
+from verify.core import formats as F
 from verify.recall.backend import EmulationBackend
 from verify.recall.generator import GenConfig, PlanConfig, build_planted
 
@@ -160,7 +160,7 @@ def test_capture_from_a_real_pool_replays(upstream_python: Path, tmp_path: Path,
     # stores them, at the renumbered slots (same seed as the capture subprocess).
     import torch
 
-    from verify.recall import formats as F
+    from verify.core import formats as F
     from verify.recall.backend import EmulationBackend
     from verify.recall.generator import GenConfig, PlanConfig, build_planted
     from verify.recall.replay import reference_keys

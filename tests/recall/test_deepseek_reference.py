@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
-from verify import platform as P
-from verify.recall import formats as F
-from verify.recall.deepseek_reference import (
+from verify.core import formats as F
+from verify.core import upstream as U
+from verify.core.deepseek_reference import (
     ReferenceIndexer,
     dense_page_table,
     fp4_rule_differences,
@@ -33,7 +33,7 @@ def test_upstream_rounds_three_of_the_seven_midpoints_toward_zero_where_the_refe
 
 
 def _sglang():
-    if P.sglang_root() is None:
+    if U.sglang_root() is None:
         pytest.skip("the patched upstream tree is not importable (run nox -s apply)")
 
 
@@ -93,7 +93,7 @@ def test_the_fp4_q_emulation_follows_the_pinned_q_kernels_source():
     floor before the division by 6, the bf16 rounding of the Hadamard output and the head weights
     without a q scale."""
     _sglang()
-    src = (P.sglang_root() / "kernels/jit/csrc/deepseek_v4/main_norm_rope.cuh").read_text()
+    src = (U.sglang_root() / "kernels/jit/csrc/deepseek_v4/main_norm_rope.cuh").read_text()
     quant = src[src.index("uint8_t quant_fp4_e2m1(float x)"):]
     quant = quant[: quant.index("}")]
     assert tuple(float(t) for t in re.findall(r"idx \+= ax > ([\d.]+)f;", quant)) == F.E2M1_UPSTREAM_THRESHOLDS

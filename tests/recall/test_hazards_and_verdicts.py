@@ -5,10 +5,11 @@ not mask by length, a scorer whose columns past the length bleed into the valid 
 import pytest
 import torch
 
-from verify import platform as P
+from verify.core import platform as P
+from verify.core.scoring import torch_select
 from verify.recall import diagnose
 from verify.recall import hazards as H
-from verify.recall.backend import EmulationBackend, torch_select
+from verify.recall.backend import EmulationBackend
 from verify.recall.verdicts import component_verdicts
 
 CPU = torch.device("cpu")
@@ -195,7 +196,7 @@ def test_committed_diagnosis_is_its_measured_checks_folded_with_the_committed_fo
 def test_unsettled_says_what_stood_in_for_deepgemm():
     from verify.recall.verdicts import unsettled
 
-    twin = unsettled("sm100", "verify.bench.fp8_twin.fp8_paged_mqa_logits_twin standing in for deep_gemm.fp8_paged_mqa_logits")
+    twin = unsettled("sm100", "verify.core.fp8_twin.fp8_paged_mqa_logits_twin standing in for deep_gemm.fp8_paged_mqa_logits")
     real = unsettled("sm100", "deep_gemm.fp8_paged_mqa_logits")
     assert "a Triton twin stood in here" in twin and "twin" not in real
     assert "DeepGEMM's sm_90 build ran here in its place" in real

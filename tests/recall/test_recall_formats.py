@@ -5,7 +5,7 @@ import struct
 import pytest
 import torch
 
-from verify.recall import formats as F
+from verify.core import formats as F
 
 
 def test_fp8_hand_computed_codes():

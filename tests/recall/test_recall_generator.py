@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from verify.core.formats import PAGE_SLOTS
+from verify.core.metrics import row_metrics
+from verify.core.scoring import SlotKeys, grouped_row_logits
 from verify.recall.backend import EmulationBackend
-from verify.recall.formats import PAGE_SLOTS
 from verify.recall.generator import GenConfig, PlanConfig, build_planted, build_problem, needle_position
-from verify.recall.metrics import row_metrics
-from verify.recall.scoring import SlotKeys, grouped_row_logits
 
 PLAN = PlanConfig(topks=(512,), residues="staggered", sequences=2, margins=(0.01, 0.05, 0.2))
 BE = EmulationBackend(device=torch.device("cpu"))

@@ -22,7 +22,7 @@ def backend():
 
 
 def test_fp8_store_bytes_match_emulation(backend):
-    from verify.recall import formats as F
+    from verify.core import formats as F
 
     if "FALLBACK" in backend.paths["store_fp8"]:
         pytest.skip(backend.paths["store_fp8"])

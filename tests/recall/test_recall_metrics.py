@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from verify.core.metrics import aggregate, row_metrics, summarize
 from verify.recall.gate import evaluate
-from verify.recall.metrics import aggregate, row_metrics, summarize
 
 
 def _m(scores, sel, topk, seq_len=None, needle=None):

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from verify.core import upstream as U
 from verify.recall import diagnose
-from verify.recall import upstream as U
 from verify.recall.backend import EmulationBackend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,8 @@ def test_upstream_torch_fallback_matches_its_emulation():
 
 TWIN_PROBE = """
 import json, torch
-from verify.recall import diagnose, upstream as U
+from verify.core import upstream as U
+from verify.recall import diagnose
 twin = U.fp8_triton_twin()
 assert isinstance(twin, U.Found), twin
 case = diagnose.score_case(torch.device("cpu"), 256)
@@ -58,7 +59,7 @@ print("RESULT " + json.dumps({"status": chk.status, "detail": chk.detail}))
 """
 
 
-@pytest.mark.skipif(not (REPO / "verify/bench/fp8_twin.py").exists(), reason="verify/bench/fp8_twin.py absent")
+@pytest.mark.skipif(not (REPO / "verify/core/fp8_twin.py").exists(), reason="verify/core/fp8_twin.py absent")
 def test_triton_fp8_twin_interpreted():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", TWIN_PROBE], check=False, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)

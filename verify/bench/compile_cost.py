@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verify.core.provenance import SERIES_HASH, series_hash
+
 HEADS = 64
 DIM = 128
 PAGE = 64
@@ -66,7 +68,7 @@ def capture_sizes(speculative: bool = False, max_bs: int = H200_TP8_MAX_BS) -> l
     from sglang.srt.arg_groups.cuda_graph_hook import generate_decode_cuda_graph_batch_sizes
     from sglang.srt.server_args import ServerArgs
 
-    from verify import platform as P
+    from verify.core import platform as P
 
     parser = _argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
@@ -216,7 +218,7 @@ def _prefill_inputs(rows: int, keys: int) -> dict[str, Any]:
 
 
 def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
-    from verify.parity.upstream_read import load_bf16_kernel_module, load_bf16_prefill_module
+    from verify.core.upstream import load_bf16_kernel_module, load_bf16_prefill_module
 
     paged, _ = load_bf16_kernel_module()
     prefill, _ = load_bf16_prefill_module()
@@ -245,20 +247,21 @@ def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
             x = _decode_inputs(rows, fp8=False)
             x["lens"].copy_(_prefill_inputs(rows, x["width"])["ke"])
 
-            def call(x: dict[str, Any] = x) -> Any:
+            def paged_call(x: dict[str, Any] = x) -> Any:
                 return paged.bf16_paged_mqa_logits(x["q"], x["kv"], x["w"], x["lens"], x["table"], None,
                                                    x["width"], False)
 
-            phase.calls.append(_timed(f"paged, {rows} rows", call, counter, capture=False))
+            phase.calls.append(_timed(f"paged, {rows} rows", paged_call, counter, capture=False))
         for rows in NONPAGED_PREFILL_ROWS:
             keys = rows // 4 + 1000  # a prefix before the chunk: every chunk's own key count
             x = _prefill_inputs(rows, keys)
 
-            def call(x: dict[str, Any] = x) -> Any:
+            def nonpaged_call(x: dict[str, Any] = x) -> Any:
                 return prefill.bf16_mqa_logits(x["q"], x["kv_bf16"], x["w"], x["ks"], x["ke"], x["width"],
                                                page_table=x["table"], clean_logits=False)
 
-            phase.calls.append(_timed(f"prefill kernel, {rows} rows x {keys} keys", call, counter, capture=False))
+            phase.calls.append(_timed(f"prefill kernel, {rows} rows x {keys} keys", nonpaged_call, counter,
+                                      capture=False))
     except Exception as error:  # noqa: BLE001
         phase.error = f"{type(error).__name__}: {error}"[:300]
     out.append(phase)
@@ -268,14 +271,14 @@ def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
 def fp8_phases(sizes: list[int], mtp_sizes: list[int], folders: dict[str, Path]) -> tuple[list[Phase], str]:
     import torch
 
-    from verify import platform as P
     from verify.bench import deepgemm_arm
+    from verify.core import upstream as U
 
     dg, how = deepgemm_arm.load()
     if dg is None:
         return [], how
-    meta = P.load("metadata_jit")
-    if isinstance(meta, P.Missing):
+    meta = U.load("metadata_jit")
+    if isinstance(meta, U.Missing):
         return [], f"not run: upstream's JIT metadata kernel does not load ({meta.reason})"
     metadata = meta.obj
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -304,22 +307,22 @@ def fp8_phases(sizes: list[int], mtp_sizes: list[int], folders: dict[str, Path])
             x = _decode_inputs(rows, fp8=True)
             x["lens"].copy_(_prefill_inputs(rows, x["width"])["ke"])
 
-            def call(x: dict[str, Any] = x) -> Any:
+            def paged_call(x: dict[str, Any] = x) -> Any:
                 schedule = metadata(x["lens"], PAGE, sms)
                 return dg.fp8_paged_mqa_logits(x["q"], x["kv"], x["w"], x["lens"].reshape(-1, 1), x["table"],
                                                schedule, x["width"], False)
 
-            phase.calls.append(_timed(f"paged, {rows} rows", call, counter, capture=False))
+            phase.calls.append(_timed(f"paged, {rows} rows", paged_call, counter, capture=False))
         for rows in NONPAGED_PREFILL_ROWS:
             keys = rows // 4 + 1000
             x = _prefill_inputs(rows, keys)
 
-            def call(x: dict[str, Any] = x) -> Any:
+            def nonpaged_call(x: dict[str, Any] = x) -> Any:
                 return dg.fp8_mqa_logits(x["q"], (x["k_fp8"], x["k_scale"]), x["w"], x["ks"], x["ke"],
                                          clean_logits=False, max_seqlen_k=x["width"])
 
-            phase.calls.append(_timed(f"non-paged fp8_mqa_logits, {rows} rows x {keys} keys", call, counter,
-                                      capture=False))
+            phase.calls.append(_timed(f"non-paged fp8_mqa_logits, {rows} rows x {keys} keys", nonpaged_call,
+                                      counter, capture=False))
     except Exception as error:  # noqa: BLE001
         phase.error = f"{type(error).__name__}: {error}"[:300]
     out.append(phase)
@@ -389,6 +392,7 @@ def run_passes(out: Path, cache: Path, timeout: float = 150.0) -> dict[str, Any]
         result[name]["wall_seconds"] = round(time.perf_counter() - t0, 2)
         if path.is_file():
             path.unlink()
+    result[SERIES_HASH] = series_hash()
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_compile.json").write_text(json.dumps(result, indent=1) + "\n")
     return result

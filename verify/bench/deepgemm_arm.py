@@ -24,15 +24,15 @@ from typing import Any
 
 import torch
 
-from verify.parity.read_reference import (
+from verify.core.read_reference import (
     DIM,
     FP8_SLOT_BYTES,
     PAGE,
     ReadCase,
-    calc_diff,
     pages_for,
     unpack_fp8_pages,
 )
+from verify.core.scoring import calc_diff
 
 # DeepGEMM's own tests accept calc_diff < 1e-3 against their reference for fp8 logits.
 AGREEMENT = 1e-3

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from verify.parity.read_reference import BF16_SLOT_BYTES, FP8_SLOT_BYTES, PAGE, make_read_case, pack_fp8_pages
+from verify.core.read_reference import BF16_SLOT_BYTES, FP8_SLOT_BYTES, PAGE, make_read_case, pack_fp8_pages
 
 METRICS = (
     "gpu__time_duration.sum",
@@ -67,8 +67,8 @@ SHAPES = [
 
 
 def probe(out: Path, configs: list[str]) -> None:
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
-    from verify.parity.upstream_read import load_bf16_kernel_module
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.upstream import load_bf16_kernel_module
 
     module, _ = load_bf16_kernel_module()
     cls = module.Bf16IndexLogitsConfig

@@ -7,9 +7,10 @@ Per shape, in one process on one GPU:
 - **bf16**: patch 4's Triton kernel (``bf16_paged_mqa_logits``), its default config and a sweep
   of its block configs (``CONFIG_SWEEP``, then keys-per-program variants of the best); the best
   is reported.
-- **fp8**: ``verify.bench.fp8_twin`` -- a Triton twin of the bf16 kernel over upstream's fp8
-  index-K pages (132 B per key), swept over the same small config set. DeepGEMM's
-  ``fp8_paged_mqa_logits`` crashes on the GPU machine, so this twin stands in for it.
+- **fp8**: ``verify.core.fp8_twin`` -- a Triton twin of the bf16 kernel over upstream's fp8
+  index-K pages (132 B per key), swept over the same small config set; beside it DeepGEMM's own
+  ``fp8_paged_mqa_logits`` where a working DeepGEMM imports (the GPU runner's ``USE_DEEPGEMM=1``,
+  :mod:`verify.bench.deepgemm_arm`), checked against the twin before it is timed.
 - **gather**: gather each row's pages into a bf16 ``[rows, len, 128]`` copy, then bmm (what
   upstream's torch fallbacks do); skipped where its transient memory would pass
   ``--gather-limit-gb`` (40 by default) or the free memory.
@@ -69,8 +70,10 @@ from verify.bench.read_scenarios import (
     run_long_prefill,
     run_mtp,
 )
+from verify.bench.targets import HBM_BYTES_PER_S, evaluate
 from verify.bench.timing import graph_ms, replicas_for, replicate_pages
-from verify.parity.read_reference import (
+from verify.core.provenance import SERIES_HASH, series_hash
+from verify.core.read_reference import (
     BF16_SLOT_BYTES,
     DIM,
     FP8_SLOT_BYTES,
@@ -81,14 +84,6 @@ from verify.parity.read_reference import (
     naive_gather_logits,
     pack_fp8_pages,
 )
-
-HBM_BYTES_PER_S = 4.8e12  # H200 datasheet
-TARGET_HBM_FRACTION = 0.88  # DESIGN.md: decode from 8 x 32K keys up
-TARGET_HBM_MIN_ROWS, TARGET_HBM_MIN_KEYS = 8, 32768
-TARGET_RATIO_VS_FP8 = 256 / 132
-TARGET_GATHER_SPEEDUP = 10.0
-TARGET_MIN_KEYS = 8192
-TARGET_WIDE_VS_BEST_SPLIT = 1.2  # short rows in a wide output vs the best fixed split
 
 DECODE_BATCHES = {"full": [1, 2, 4, 8, 16, 32, 64], "quick": [1, 8, 64]}
 DECODE_KEYS = {
@@ -302,7 +297,7 @@ def sweep_configs(module: Any, level: str) -> list[Any]:
 def deepgemm_paged(case: Any, fp8_view: torch.Tensor, tables: list[torch.Tensor], args: argparse.Namespace) -> Timing:
     """DeepGEMM's paged fp8 scorer on the same pages as the twin, checked against it first."""
     from verify.bench import deepgemm_arm
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     label = "DeepGEMM fp8_paged_mqa_logits"
     dg, how = deepgemm_arm.load()
@@ -318,7 +313,7 @@ def deepgemm_paged(case: Any, fp8_view: torch.Tensor, tables: list[torch.Tensor]
 
 
 def run_shape(shape: Shape, module: Any, args: argparse.Namespace) -> ShapeResult:
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     lengths = shape.lengths()
     visible = sum(lengths)
@@ -533,76 +528,7 @@ def table(results: list[ShapeResult], ceiling: dict[str, float]) -> str:
         f"copy ceiling: {ceiling.get('copy_tb_s', float('nan')):.2f} TB/s read+write "
         f"({100 * ceiling.get('copy_tb_s', 0) * 1e12 / HBM_BYTES_PER_S:.0f}% of 4.8)"
     )
-    lines.append(targets(results))
     return "\n".join(lines)
-
-
-def targets(results: list[ShapeResult]) -> str:
-    """The design's speed targets: HBM from 8 x 32K keys up, bf16/fp8 and the gather on decode
-    shapes with >= 8K keys per row, the wide outputs' split."""
-    lines = [_targets_long(results), _target_hbm(results), _target_wide(results)]
-    return "\n".join(line for line in lines if line)
-
-
-def _target_hbm(results: list[ShapeResult]) -> str:
-    big = [
-        r
-        for r in results
-        if not r.skipped
-        and r.shape["mode"] == "decode"
-        and not r.shape.get("width")
-        and r.shape["rows"] >= TARGET_HBM_MIN_ROWS
-        and r.shape["keys"] >= TARGET_HBM_MIN_KEYS
-    ]
-    hbm = [r.derived().get("bf16_default_hbm_pct") for r in big]
-    done = [h for h in hbm if h is not None]
-    if not done:
-        return ""
-    return (
-        f"target HBM >= {100 * TARGET_HBM_FRACTION:.0f}% of 4.8 TB/s (decode from {TARGET_HBM_MIN_ROWS} x "
-        f"{TARGET_HBM_MIN_KEYS} keys, default config): {sum(h >= 100 * TARGET_HBM_FRACTION for h in done)}/"
-        f"{len(done)} (min {min(done):.0f}%, max {max(done):.0f}%)"
-    )
-
-
-def _target_wide(results: list[ShapeResult]) -> str:
-    ratios = [
-        r.derived()["ratio_default_over_best_split_lean"]
-        for r in results
-        if not r.skipped and "ratio_default_over_best_split_lean" in r.derived()
-    ]
-    if not ratios:
-        return ""
-    return (
-        f"target wide outputs (default vs best fixed split, clean_logits=False) <= {TARGET_WIDE_VS_BEST_SPLIT}: "
-        f"{sum(x <= TARGET_WIDE_VS_BEST_SPLIT for x in ratios)}/{len(ratios)} (max {max(ratios):.2f})"
-    )
-
-
-def _targets_long(results: list[ShapeResult]) -> str:
-    long = [
-        r
-        for r in results
-        if not r.skipped
-        and r.shape["mode"] == "decode"
-        and not r.shape.get("width")
-        and r.shape["keys"] >= TARGET_MIN_KEYS
-    ]
-    if not long:
-        return "targets: no decode shape with >= 8K keys measured"
-    derived = [r.derived() for r in long]
-    ratio = [d["ratio_bf16_over_fp8"] for d in derived if "ratio_bf16_over_fp8" in d]
-    gather = [d["ratio_gather_over_bf16"] for d in derived if "ratio_gather_over_bf16" in d]
-    ratio_part = (
-        f"bf16/fp8 <= {TARGET_RATIO_VS_FP8:.2f}: {sum(x <= TARGET_RATIO_VS_FP8 for x in ratio)}/{len(ratio)} "
-        f"(max {max(ratio, default=float('nan')):.2f})"
-    )
-    gather_part = (
-        f"gather/bf16 >= {TARGET_GATHER_SPEEDUP:.0f}: {sum(x >= TARGET_GATHER_SPEEDUP for x in gather)}/{len(gather)} "
-        f"(min {min(gather, default=float('nan')):.1f})"
-    )
-    parts = [ratio_part, gather_part]
-    return "targets (decode, >= 8K keys/row, best config): " + "; ".join(parts)
 
 
 def write_outputs(
@@ -781,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import triton
 
-    from verify.parity.upstream_read import load_bf16_kernel_module
+    from verify.core.upstream import load_bf16_kernel_module
 
     module, route = load_bf16_kernel_module()
     meta: dict[str, Any] = {
@@ -791,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": torch.cuda.get_device_name(),
         "kernel_module": getattr(module, "__file__", "?"),
         "kernel_route": route,
-        "fp8_baseline": "verify.bench.fp8_twin (Triton twin over upstream's 132-B fp8 pages); DeepGEMM's own arm where it imports",
+        "fp8_baseline": "verify.core.fp8_twin (Triton twin over upstream's 132-B fp8 pages); DeepGEMM's own arm where it imports",
         "timing": (
             f"CUDA-graph replay median per call, rep {args.rep_ms} ms, keys replicated to >= 256 MiB per replay (cold L2)"
             if args.timing == "graph"
@@ -800,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile,
         "sweep": args.sweep,
         "heads": args.heads,
+        SERIES_HASH: series_hash(),
     }
     ceiling = copy_ceiling(args)
     meta["copy_ceiling"] = ceiling
@@ -809,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prefill_configs is None:
         args.prefill_configs = [] if args.sweep == "none" else list(PREFILL_SWEEP_SMALL)
     try:
-        from verify.parity.upstream_read import load_bf16_prefill_module
+        from verify.core.upstream import load_bf16_prefill_module
 
         prefill_module, prefill_route = load_bf16_prefill_module()
         meta["prefill_kernel_module"] = getattr(prefill_module, "__file__", "?")
@@ -859,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # What this run is for first (MTP, wide outputs, long prefill), then the grids.
     for requests, keys, next_n in MTP_SHAPES[args.profile] if mtp is not None else []:
+        assert mtp is not None
         t0 = time.time()
         try:
             m = run_mtp(
@@ -868,19 +796,20 @@ def main(argv: list[str] | None = None) -> int:
         except torch.cuda.OutOfMemoryError as error:
             m = MtpResult(requests, keys, next_n, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}")
             torch.cuda.empty_cache()
-        mtp.append(m)  # type: ignore[union-attr]
+        mtp.append(m)
         print(f"mtp[{requests}x{keys}x{next_n}] {time.time() - t0:5.1f}s {m.derived()} {m.skipped or ''}", flush=True)
         save()
     for shape in [s for s in shapes if s.width]:
         time_shape(shape)
     for tokens in LONG_PREFILL_TOKENS[args.profile] if long_prefill is not None else []:
+        assert long_prefill is not None
         t0 = time.time()
         try:
             p = run_long_prefill(tokens, module, args, timed, prefill_module=prefill_module)
         except torch.cuda.OutOfMemoryError as error:
             p = LongPrefillResult(tokens, tokens // 4, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}")
             torch.cuda.empty_cache()
-        long_prefill.append(p)  # type: ignore[union-attr]
+        long_prefill.append(p)
         print(f"long_prefill[{tokens}] {time.time() - t0:5.1f}s {p.derived()} {p.skipped or ''}", flush=True)
         save()
     for shape in [s for s in shapes if not s.width]:
@@ -897,6 +826,8 @@ def main(argv: list[str] | None = None) -> int:
         from verify.bench import compile_cost
 
         print(compile_cost.table(compile_result))
+    targets = evaluate(json.loads(path.read_text()))  # the README's target lines, for this run
+    print("Targets (DESIGN.md):\n" + "\n".join(f"- {line}" for line in targets))
     return 0
 
 

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verify import platform as P
+from verify.core import platform as P
+from verify.core.provenance import SERIES_HASH, series_hash
 
 COMPARISON_GROUPS_OF_4 = "MTP verify, groups of 4, at the decode config's stages (not launched)"
 
@@ -299,11 +300,13 @@ def prefill_variants(module: Any, target: str, all_variants: bool = False) -> li
     with the fill, and bf16 q at 32 heads); and (not launched there) the large-smem config where it
     is not selected."""
     config = module.select_prefill_config(P.kernel_shared_memory(module, target), 64)
-    out = [("prefill kernel (indexer: paged, clean_logits=False)", config, {"clean_logits": False}, True)]
+    out: list[tuple[str, Any, dict[str, Any], bool]] = [
+        ("prefill kernel (indexer: paged, clean_logits=False)", config, {"clean_logits": False}, True)]
     if all_variants:
         out += [
             ("prefill kernel, clean_logits=True", config, {"clean_logits": True}, True),
-            ("prefill kernel, bf16 q, 32 heads", config, {"clean_logits": False, "q_fp8": False, "heads": 32}, True),
+            ("prefill kernel, bf16 q, 32 heads", config, {"clean_logits": False, "q_fp8": False, "heads": 32},
+             True),
         ]
     large = module.CONFIGS["large_smem"]
     if config != large:
@@ -314,8 +317,8 @@ def prefill_variants(module: Any, target: str, all_variants: bool = False) -> li
 def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = ("sm90",)) -> list[CompileReport]:
     """The bf16 kernel (fp8 and bf16 q) for each target, and the fp8 twin (sm_90: it stands in for
     DeepGEMM on the H200); the default configs or, with ``all_configs``, the whole sweep."""
-    from verify.bench import fp8_twin
-    from verify.parity.upstream_read import load_bf16_kernel_module
+    from verify.core import fp8_twin
+    from verify.core.upstream import load_bf16_kernel_module
 
     if fp8_twin.INTERPRETED:
         raise RuntimeError(
@@ -332,11 +335,11 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
                             **bf16_constexprs(module, config, **launch))
             )
         # What groups of 4 took before the kernel module chose their stages by shared memory.
-        grouped4 = {"group_rows": 4, "length_aware": True, "fill_tail": False}
+        grouped4: dict[str, Any] = {"group_rows": 4, "length_aware": True, "fill_tail": False}
         report = compile_for(target, kernel, _BF16_SIGNATURE, decode, variant=COMPARISON_GROUPS_OF_4,
                              **bf16_constexprs(module, decode, **grouped4))
         reports.append(replace(report, production=False))
-        plain = {"group_rows": 1, "length_aware": False, "fill_tail": True}
+        plain: dict[str, Any] = {"group_rows": 1, "length_aware": False, "fill_tail": True}
         for config in list(module.CONFIG_SWEEP) if all_configs else []:
             reports.append(
                 compile_for(target, kernel, _BF16_SIGNATURE, config, variant="sweep",
@@ -353,7 +356,7 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
                 **{**bf16_constexprs(module, decode, group_rows=1, length_aware=True, fill_tail=False), "Q_FP8": False},
             )
         )
-    from verify.parity.upstream_read import load_bf16_prefill_module
+    from verify.core.upstream import load_bf16_prefill_module
 
     prefill_module, _ = load_bf16_prefill_module()
     for target in targets:
@@ -376,6 +379,7 @@ def as_json(reports: list[CompileReport]) -> dict[str, Any]:
 
     return {
         "triton": triton.__version__,
+        SERIES_HASH: series_hash(),
         "shared_memory": {t: {"per_block": P.SHARED_MEMORY[t][0], "per_sm": P.SHARED_MEMORY[t][1]}
                           for t in sorted({r.target for r in reports})},
         "reports": [{**asdict(r), "ok": r.ok, "pipelined": r.pipelined, "notes": r.notes,

@@ -17,7 +17,7 @@ and causal lengths. Timed per shape (``requests x keys``), as the indexer calls 
   ``grouped_best`` is the fastest, the default included. A measurement of what a config change
   could buy, not what the dispatch runs.
 
-Target (DESIGN.md): ``grouped <= 1.15 x one_row``.
+Target (DESIGN.md, :mod:`verify.bench.targets`): ``grouped <= 1.15 x one_row``.
 
 **Long prefill.** One request of ``tokens`` prompt tokens: ``tokens`` query rows with causal
 lengths over ``tokens / 4`` compressed keys, scored in row chunks whose logits fit
@@ -49,9 +49,10 @@ from typing import Any
 
 import torch
 
-from verify.bench.report import grouped_smem_bytes
+from verify.bench.shared_memory import grouped_smem_bytes
+from verify.bench.targets import HBM_BYTES_PER_S
 from verify.bench.timing import replicas_for, replicate_pages
-from verify.parity.read_reference import (
+from verify.core.read_reference import (
     BF16_SLOT_BYTES,
     DIM,
     FP8_SLOT_BYTES,
@@ -63,18 +64,9 @@ from verify.parity.read_reference import (
     verify_lengths,
 )
 
-HBM_BYTES_PER_S = 4.8e12
 # H200 SXM datasheet, dense tensor-core peaks.
 BF16_PEAK_FLOPS = 989.4e12
 FP8_PEAK_FLOPS = 1978.9e12
-TARGET_MTP_RATIO = 1.15
-TARGET_PREFILL_RATIO = 1.2  # the old target (bf16 vs the fp8 twin), kept for runs before the prefill kernel
-# Issue 25's long-prefill targets for the prefill kernel (one request, every row, causal): effective
-# TFLOP/s on the causal FLOPs at 32K and 131K tokens, and its time over DeepGEMM's non-paged
-# fp8_mqa_logits per length.
-TARGET_PREFILL_TFLOPS = 600.0
-TARGET_PREFILL_TFLOPS_TOKENS = (32768, 131072)
-TARGET_PREFILL_VS_DEEPGEMM = {8192: 2.0, 32768: 1.7, 131072: 1.7}
 # Rows of at most this many keys get an empty range from the dispatch (the sgl-kernel top-k takes
 # them whole without reading logits): upstream's non-paged plan, for fp8 and bf16 alike.
 INDEX_TOPK = 512
@@ -151,8 +143,9 @@ class LongPrefillResult:
         if done and flops:
             top = min(done, key=lambda t: t["ms"])
             out["bf16_prefill_best_swept_tflops"] = flops / (top["ms"] * 1e-3) / 1e12
-        if ms.get("bf16_prefill") and ms.get("deepgemm_nonpaged"):
-            out["ratio_bf16_prefill_over_deepgemm_nonpaged"] = ms["bf16_prefill"] / ms["deepgemm_nonpaged"]
+        prefill, nonpaged = ms.get("bf16_prefill"), ms.get("deepgemm_nonpaged")
+        if prefill and nonpaged:
+            out["ratio_bf16_prefill_over_deepgemm_nonpaged"] = prefill / nonpaged
         if ms.get("bf16_prefill") and self.dense_bf16_tflops and flops:
             out["bf16_prefill_pct_of_dense_bf16"] = 100 * out["bf16_prefill_tflops"] / self.dense_bf16_tflops
         bf16 = ms.get(self.dispatch_arm)
@@ -225,7 +218,7 @@ def expand_to_verify_rows(case: ReadCase, next_n: int, seed: int) -> ReadCase:
     )
 
 
-def _timing(label: str, fn: Callable[[], Any], *args: Any, **kw: Any) -> dict[str, Any]:
+def _timing(label: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> dict[str, Any]:
     """A read bench ``Timing`` as a dict (the JSON form)."""
     return asdict(fn(label, *args, **kw))
 
@@ -298,7 +291,7 @@ def run_mtp(
     """``timed(label, calls, args, config=None)`` times one arm (the read bench's ``timed``;
     a CPU smoke test passes one that runs each call once). ``deepgemm(case, fp8_view, tables)``
     times DeepGEMM's paged scorer over those rows (the read bench's ``deepgemm_paged``)."""
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     result = MtpResult(requests, keys, next_n, requests * keys * BF16_SLOT_BYTES)
     if device == "cuda":
@@ -450,7 +443,7 @@ def _deepgemm_nonpaged(
     at most that many keys get an empty range, as upstream's plan gives them (the bf16 prefill
     kernel is timed on the same ranges)."""
     from verify.bench import deepgemm_arm
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     label = "DeepGEMM fp8_mqa_logits (non-paged)"
     dg, how = deepgemm_arm.load()
@@ -549,7 +542,7 @@ def run_long_prefill(
     """One request's prefill, every row. ``prefill_module``: the series' prefill kernel module
     (``bf16_mqa_logits``), the dispatch's scorer here (without it, the paged kernel one row at a
     time is, as before the prefill kernel)."""
-    from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+    from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
     keys = tokens // 4
     lengths = causal_lengths(tokens, keys)
@@ -641,13 +634,6 @@ def mtp_table(results: list[MtpResult]) -> str:
             f"{us(r.ungrouped):>12} {d.get('ratio_ungrouped_over_one_row', math.nan):6.2f} {us(r.fp8):>11} "
             f"{d.get('grouped_hbm_pct', math.nan):5.0f}"
         )
-    ratios = [r.derived().get("ratio_grouped_over_one_row") for r in results if not r.skipped]
-    done = [x for x in ratios if x is not None]
-    if done:
-        lines.append(
-            f"target MTP verify (grouped vs 1 row/request) <= {TARGET_MTP_RATIO}: "
-            f"{sum(x <= TARGET_MTP_RATIO for x in done)}/{len(done)} (max {max(done):.2f})"
-        )
     return "\n".join(lines)
 
 
@@ -675,57 +661,4 @@ def long_prefill_table(results: list[LongPrefillResult]) -> str:
         for t in r.prefill_sweep:
             value = f"{t['ms']:.2f} ms" if t.get("ms") else f"n/a ({t.get('error') or ''})"[:120]
             lines.append(f"    sweep {t['label'][len('bf16 prefill kernel, '):]:<28} {value}")
-    if any("bf16_prefill" in r.arms for r in results if not r.skipped):
-        lines += prefill_target_lines(results)
-        return "\n".join(lines)
-    ratios = [r.derived().get("ratio_dispatch_over_fp8_twin") for r in results if not r.skipped]
-    done = [x for x in ratios if x is not None]
-    if done:
-        lines.append(
-            f"target long prefill (bf16 dispatch vs fp8 twin) <= {TARGET_PREFILL_RATIO}: "
-            f"{sum(x <= TARGET_PREFILL_RATIO for x in done)}/{len(done)} (max {max(done):.2f})"
-        )
     return "\n".join(lines)
-
-
-def prefill_target_lines(results: list[Any]) -> list[str]:
-    """Issue 25's long-prefill targets, met or missed per length, from one run: the prefill kernel's
-    effective TFLOP/s on the causal FLOPs (>= 600 at 32K and 131K tokens) beside the same run's
-    dense bf16 matmul rate, and its time over DeepGEMM's non-paged fp8_mqa_logits (<= 1.7x at 32K
-    and 131K, <= 2.0x at 8K). ``results``: LongPrefillResult objects or their JSON dicts."""
-
-    def get(r: Any, name: str) -> Any:
-        return r.get(name) if isinstance(r, dict) else getattr(r, name)
-
-    def ms(r: Any, arm: str) -> float | None:
-        return (get(r, "arms").get(arm) or {}).get("ms")
-
-    lines = []
-    rows = [r for r in results if not get(r, "skipped") and ms(r, "bf16_prefill")]
-    dense = next((get(r, "dense_bf16_tflops") for r in rows if get(r, "dense_bf16_tflops")), None)
-    tf = []
-    for r in rows:
-        if get(r, "tokens") in TARGET_PREFILL_TFLOPS_TOKENS:
-            rate = get(r, "floors")["flops"] / (ms(r, "bf16_prefill") * 1e-3) / 1e12
-            tf.append(f"{get(r, 'tokens'):,}: {rate:.0f} {'met' if rate >= TARGET_PREFILL_TFLOPS else 'MISSED'}")
-    if tf:
-        lines.append(
-            f"target long prefill >= {TARGET_PREFILL_TFLOPS:.0f} TFLOP/s effective (causal FLOPs; the same run's dense "
-            f"bf16 matmul: {dense:.0f} TFLOP/s): " if dense else
-            f"target long prefill >= {TARGET_PREFILL_TFLOPS:.0f} TFLOP/s effective (causal FLOPs): "
-        )
-        lines[-1] += "; ".join(tf)
-    vs = []
-    for r in rows:
-        bound = TARGET_PREFILL_VS_DEEPGEMM.get(get(r, "tokens"))
-        anchor = ms(r, "deepgemm_nonpaged")
-        if bound is None:
-            continue
-        if not anchor:
-            vs.append(f"{get(r, 'tokens'):,}: DeepGEMM not measured")
-            continue
-        ratio = ms(r, "bf16_prefill") / anchor
-        vs.append(f"{get(r, 'tokens'):,}: {ratio:.2f}x (<= {bound}) {'met' if ratio <= bound else 'MISSED'}")
-    if vs:
-        lines.append("target long prefill vs DeepGEMM's non-paged fp8_mqa_logits: " + "; ".join(vs))
-    return lines

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from verify.bench.timing import graph_ms
-from verify.parity.store_cases import DecodeCase, PrefillCase, make_prefill_case
-from verify.parity.store_driver import (
+from verify.core.provenance import SERIES_HASH, series_hash
+from verify.core.store_cases import DecodeCase, PrefillCase, make_prefill_case
+from verify.core.store_driver import (
     Prepared,
     make_freqs_cis,
     max_position,
@@ -37,7 +38,7 @@ from verify.parity.store_driver import (
     store_fused,
     upstream_ops,
 )
-from verify.parity.store_layout import BF16_LAYOUT, FP8_LAYOUT
+from verify.core.store_layout import BF16_LAYOUT, FP8_LAYOUT
 
 # Decode: one key per request at most; prefill: one chunk of this many keys (<= 16384, the
 # planner's 65536-token limit).
@@ -61,8 +62,8 @@ def _time_with_events(fn: Callable[[], None], warmup_ms: int, rep_ms: int) -> fl
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
     end.record()
@@ -149,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         name = case.name if isinstance(case, PrefillCase) else f"decode/bs={len(case.seq_lens)}"
         try:
-            prepare = prepare_prefill if isinstance(case, PrefillCase) else prepare_decode
-            prepared = prepare(ops, case, freqs, device)  # type: ignore[arg-type]
+            prepared = (prepare_prefill(ops, case, freqs, device) if isinstance(case, PrefillCase)
+                        else prepare_decode(ops, case, freqs, device))
             prepared.name = name
             row = bench_case(ops, prepared, args.warmup_ms, args.rep_ms, args.timing)
         except Exception as error:  # noqa: BLE001 - one failing size must not hide the others
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "rep_ms": args.rep_ms,
         "statistic": "median",
         "timing": args.timing,
+        SERIES_HASH: series_hash(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_store.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

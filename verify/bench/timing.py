@@ -57,8 +57,8 @@ def graph_ms(calls: Sequence[Callable[[], Any]], rep_ms: float, min_reps: int = 
                 fn()
         graph.replay()
         torch.cuda.synchronize()
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()

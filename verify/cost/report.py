@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from verify.core.provenance import SERIES_HASH, series_hash
+
 from . import capacity as C
 from .models import ModelShape
 from .speed import Bench, factor
@@ -64,6 +66,7 @@ def measure(models: Sequence[ModelShape], serving: Mapping[str, C.Serving], benc
         "upstream": {"sglang": sglang_version,
                      "configurator": "sglang.srt.model_executor.pool_configurator.DSV4PoolConfigurator",
                      "format_selected_by": sorted(C.format_overrides("bf16"))},
+        SERIES_HASH: series_hash(),  # the series the configurator above ran with
         "bench": {"source": bench.source, "sha256": bench.sha256, "gpu": bench.gpu},
         "lengths": list(lengths),
         "decode_rows": decode_rows,

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from verify.parity.store_reference import compare_bf16
-from verify.recall.metrics import SCORER_BOUND, TIE_REL, tie_aware_recall
+from verify.core.metrics import SCORER_BOUND, TIE_REL, tie_aware_recall
+from verify.core.store_reference import compare_bf16
 
 from .reference import reference_indexer, reference_selection, scores64
 
@@ -80,7 +80,7 @@ def check_keys(pool_buf: torch.Tensor, slots: torch.Tensor, ref: torch.Tensor, f
         cmp = compare_bf16(stored, ref)
         bad_rows = torch.zeros(n, dtype=torch.bool, device=stored.device)
         if not cmp.ok:
-            from verify.parity.store_reference import DEFAULT_NOISE_REL, bf16_ulp_distance
+            from verify.core.store_reference import DEFAULT_NOISE_REL, bf16_ulp_distance
 
             ulp = bf16_ulp_distance(stored, ref.to(torch.bfloat16))
             near = (stored.float() - ref).abs() <= DEFAULT_NOISE_REL * ref.abs().amax(1, keepdim=True)
@@ -169,7 +169,7 @@ def check_selection(
         # the non-paged fp8 path hands DeepGEMM an empty range for it (ke = ks), so its logits
         # are -inf by design. The scorer is held to its oracle where the top-k reads it.
         if prod_logits is not None and lens > k:
-            from verify.recall.scoring import calc_diff
+            from verify.core.scoring import calc_diff
 
             lg = prod_logits[idx.to(prod_logits.device)][:, :lens].double().to(s_same.device)
             finite = bool(torch.isfinite(lg).all())
@@ -351,16 +351,3 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
     return {"status": status, "steps": n, "detail": detail, "differing_steps": differing,
             "pool_differs": pool, "missing": missing, "extra": extra,
             "control": " and ".join(f"{t} tree run twice" for t in reruns) or None}
-
-
-
-def flag_off_status(entry: dict[str, Any]) -> tuple[str, str]:
-    """The verdict and detail of a recorded flag-off comparison. Records written before the
-    comparison classified differences (no ``differing_steps``) called any differing selection a
-    failure; where their pool bytes agreed and no step was missing, what they measured cannot
-    tell a changed path from upstream's own tie-breaking, so they read as ``incomplete``."""
-    status, detail = str(entry.get("status", "error")), str(entry.get("detail", ""))
-    if status == "fail" and "differing_steps" not in entry and "pool bytes [], missing []" in detail:
-        return "incomplete", (detail + " (recorded before differences were classified: pool bytes identical, "
-                              "selected sets differ, no unpatched rerun as control; re-measure with the current harness)")
-    return status, detail

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
-from verify import platform as P
-
-from . import probe as probe_mod
+from verify.core import platform as P
+from verify.core import probe as probe_mod
+from verify.core import upstream as U
+from verify.core.provenance import SERIES_HASH, applied_state, series_hash
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -69,9 +70,9 @@ def run_probe(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
             try:
                 rows += probe_mod.probe(profile, flag)
             except Exception as exc:  # noqa: BLE001 -- recorded: a profile that cannot be probed is incomplete
-                errors.append(f"{profile} flag={'on' if flag else 'off'}: {P.short_error(exc)}")
+                errors.append(f"{profile} flag={'on' if flag else 'off'}: {U.short_error(exc)}")
     out.mkdir(parents=True, exist_ok=True)
-    data = {"dispatch": probe_mod.as_dicts(rows), "errors": errors}
+    data: dict[str, Any] = {"dispatch": probe_mod.as_dicts(rows), "errors": errors, SERIES_HASH: series_hash()}
     (out / "dispatch.json").write_text(json.dumps(data, indent=1))
     (out / "dispatch.md").write_text(
         "# Which function upstream's C4 indexer calls, per platform (dispatch probe)\n\n"
@@ -99,7 +100,8 @@ def _sizes(quick: bool, scenarios: Sequence[str] | None) -> Any:
 def _baseline_worker(profile: str, quick: bool, out: Path, scenarios: Sequence[str] | None = None) -> int:
     """Runs under the unpatched tree: the flag-off fused arm's selections, pool digests and the
     oracle checks' verdict per step."""
-    from .stand_ins import install_deep_gemm_stand_in
+    from verify.core.stand_ins import install_deep_gemm_stand_in
+
     from .tier import ArmSpec, run_arm
 
     install_deep_gemm_stand_in()  # the unpatched tree imports DeepGEMM at module level as well
@@ -117,15 +119,13 @@ def _baseline_worker(profile: str, quick: bool, out: Path, scenarios: Sequence[s
 def _run_baseline(tree: Path, profile: str, quick: bool, out: Path, tag: str,
                   scenarios: Sequence[str] | None = None) -> dict[str, Any] | str:
     """One unpatched-tree worker; its saved record, or why there is none."""
-    from verify.parity.store_baseline import worker_env
-
     path = out / f"baseline-{profile}{tag}.pt"
     cmd = [sys.executable, "-m", "verify.forward", "--out", str(out), "--platform", profile,
            "--worker-baseline", str(path)] + (["--quick"] if quick else []) + (
                ["--scenarios", *scenarios] if scenarios else [])
     # The unpatched tree's JIT builds live beside that tree, not among the results (hundreds of
     # MB), and serve the control run and later calls on the same machine.
-    env = worker_env(tree, jit_cache=tree.parent / f".jit-cache-{profile}")
+    env = U.worker_env(tree, jit_cache=tree.parent / f".jit-cache-{profile}")
     log = out / f"baseline-{profile}{tag}.log"
     with open(log, "w") as handle:
         proc = subprocess.run(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, check=False, timeout=1800)
@@ -169,7 +169,7 @@ def compare_with_baseline(arm: Any, tree: Path, profile: str, quick: bool, out: 
         try:
             patched_control = record(rerun_patched())
         except Exception as exc:  # noqa: BLE001 -- recorded: the verdict then stands without it
-            errors.append(f"the patched rerun failed: {P.short_error(exc)}")
+            errors.append(f"the patched rerun failed: {U.short_error(exc)}")
     res = compare_flag_off(patched, base, control, patched_control)
     if errors:
         res["control_error"] = "; ".join(errors)
@@ -235,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("forward tier: the scenarios run upstream's JIT kernels and need a CUDA GPU; the dispatch probe "
               f"above ran and is in {out}/dispatch.md. The H200 run is in verify/results/h200/forward/.")
         return 2 if probe_errors else 3
-    from .stand_ins import install_deep_gemm_stand_in
+    from verify.core.stand_ins import install_deep_gemm_stand_in
+
     from .tier import arm_specs, run_arm
 
     stand_in = install_deep_gemm_stand_in()
@@ -310,11 +311,9 @@ def _tilelang_for(profile: str) -> str | None:
     """On a non-sm_120 GPU, make upstream's TileLang scorer take sm_120's lowering (mma.sync +
     ldmatrix instead of wgmma: TileLang 0.1.12 emits byte-identical CUDA for the two, see
     verify.recall.sm120) -- the closest this machine gets to the kernel sm_120 runs."""
-    if profile != "sm120" or P.local_profile() == "sm120" or not P.module_available("tilelang"):
+    if profile != "sm120" or P.local_profile() == "sm120" or not U.module_available("tilelang"):
         return None
-    from verify.recall.sm120 import force_mma_sync_lowering
-
-    return force_mma_sync_lowering()
+    return P.force_mma_sync_lowering()
 
 
 def _versions() -> dict[str, Any]:
@@ -329,16 +328,7 @@ def _versions() -> dict[str, Any]:
         info["triton"] = triton.__version__
     except ImportError:
         pass
-    info["sglang"] = str(P.sglang_root())
-    # which series the tree carries (what `apply` recorded), so a result names the code it ran
-    root = P.sglang_root()
-    if root is not None and len(root.parents) > 1:
-        from bf16k.errors import ToolError
-        from bf16k.upstream import read_state
-
-        try:
-            state = read_state(root.parents[1])
-        except ToolError:  # not a git tree (an installed sglang): nothing recorded
-            state = {}
-        info["series_hash"], info["tree_head"] = state.get("series_hash"), state.get("head")
+    info["sglang"] = str(U.sglang_root())
+    # which series the tree carries, so a result names the code it ran
+    info[SERIES_HASH], info["tree_head"] = series_hash(), applied_state().get("head")
     return info

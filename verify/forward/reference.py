@@ -5,13 +5,13 @@
   its own 4 tokens' second-half projections and the previous 4 tokens' first-half projections
   under a per-dimension softmax over the 8, then RMSNorm, RoPE on the last 64 dims at position
   ``4 i`` and the 128-point Hadamard transform -- all in fp32, rounded only when a pool format
-  is asked for. The norm / RoPE / Hadamard tail is :func:`verify.parity.store_reference.
+  is asked for. The norm / RoPE / Hadamard tail is :func:`verify.core.store_reference.
   index_k_reference`, the same math tier 1 checks the store kernels against.
 - :func:`reference_q`: the indexer query before any quantization (``q_lora Wq_b``, RoPE at the
   token's position, Hadamard) and the head weights ``x Wproj * 128^-0.5 * 64^-0.5``.
 - :func:`scores64`: ``sum_h relu(q_h . k) w_h`` in fp64.
 - :func:`reference_indexer`: DeepSeek's reference indexer numerics over the reference keys (fp4 q x
-  fp4 k in a bf16 container, :mod:`verify.recall.deepseek_reference`): the selection the model
+  fp4 k in a bf16 container, :mod:`verify.core.deepseek_reference`): the selection the model
   was trained with, a third oracle beside the same-input and exact ones (reported, not gated).
 """
 
@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from verify.parity.store_reference import INDEX_HEAD_DIM, fwht, index_k_reference, rope_tail
-from verify.recall.deepseek_reference import ReferenceIndexer, dense_page_table, pad_to_pages
-
-from .rig import INDEX_HEADS, RATIO, Weights
+from verify.core.deepseek_reference import ReferenceIndexer, dense_page_table, pad_to_pages
+from verify.core.rig import INDEX_HEADS, RATIO, Weights
+from verify.core.store_reference import INDEX_HEAD_DIM, fwht, index_k_reference, rope_tail
 
 WEIGHT_SCALE = INDEX_HEAD_DIM**-0.5 * INDEX_HEADS**-0.5
 

@@ -1,8 +1,8 @@
 """The forward tier: upstream's ``C4Indexer`` forward, as the attention layer calls it, checked.
 
-For one platform profile (:mod:`verify.platform`), each *arm* -- index-K format (bf16: the
+For one platform profile (:mod:`verify.core.platform`), each *arm* -- index-K format (bf16: the
 series' flag on; fp8: off) x compressor (fused store kernel; the unfused path,
-``SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR=1``) -- builds a :class:`~verify.forward.rig.Rig` and runs
+``SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR=1``) -- builds a :class:`~verify.core.rig.Rig` and runs
 the scenarios below through ``init_forward_metadata`` and ``C4Indexer.forward`` (which calls
 ``forward_c4_indexer``: compressor and fused store, q, scorer, top-k), eager and under CUDA-graph
 capture / replay the way upstream's graph runner drives the backend. After each step
@@ -52,12 +52,21 @@ from typing import Any
 
 import torch
 
-from verify import platform as P
+from verify.core import platform as P
+from verify.core import upstream as U
+from verify.core.rig import INDEX_TOPK, LAYER_ID, Request, Rig, RigConfig, batched_token_inputs
+from verify.core.stand_ins import (
+    BF16_SCORERS,
+    FP8_SCORERS,
+    SCHEDULE_ROLES,
+    SCORERS,
+    TOPKS,
+    Spies,
+    roles_called,
+)
 
 from .checks import check_keys, check_selection, decode_pool_keys, logits_row_digests
 from .reference import reference_keys, reference_q
-from .rig import INDEX_TOPK, LAYER_ID, Request, Rig, RigConfig, batched_token_inputs
-from .stand_ins import BF16_SCORERS, FP8_SCORERS, SCHEDULE_ROLES, SCORERS, TOPKS, Spies, roles_called
 
 UNFUSED_ENV = "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR"
 
@@ -334,7 +343,7 @@ class Arm:
                 self.logits_digest[digest_key] = logits_row_digests(logits, (positions[: logits.shape[0]] + 1) // 4,
                                                                     INDEX_TOPK)
             except (RuntimeError, ValueError) as exc:
-                print(f"  note: no logits digest for this step ({P.short_error(exc)})", flush=True)
+                print(f"  note: no logits digest for this step ({U.short_error(exc)})", flush=True)
         scorer = roles_called([c for c in calls if c.role in SCORERS])
         topk = roles_called([c for c in calls if c.role in TOPKS])
         other = roles_called([c for c in calls if c.role not in SCORERS and c.role not in TOPKS])
@@ -377,7 +386,7 @@ class Arm:
             res.keys.append({"request": req.rid, "length": req.length, **asdict(kc)})
             if not kc.ok:
                 problems.append(f"request {req.rid} keys: {kc.detail}")
-            if q_prod is None:
+            if q_prod is None or w_prod is None:  # logged together: both or neither
                 problems.append("no q was computed (compute_q did not run)")
                 continue
             pick = picks[i] if picks is not None else _sample_rows(n, ((positions[rows] + 1) // 4).cpu())
@@ -693,6 +702,7 @@ def bounded_scenario(arm: Arm, sizes: Sizes) -> None:
     from sglang.srt.layers.attention.mqa_logits_utils import mqa_logits_row_bytes
 
     rig = arm.rig
+    assert sizes.bounded is not None, "run only with its sizes"
     one_shot, prefix, extend = sizes.bounded
     keys = -(-one_shot // 4 // 64) * 64
     target = one_shot * mqa_logits_row_bytes(keys) // sizes.bounded_chunks
@@ -717,6 +727,7 @@ def bounded_large_scenario(arm: Arm, sizes: Sizes) -> None:
     plan are recorded), the last -- 16K rows x 256K keys, 16 GiB of logits in one piece -- is a
     bounded step, checked as every step is."""
     rig = arm.rig
+    assert sizes.bounded_large is not None, "run only with its sizes"
     total, chunk = sizes.bounded_large
     r = rig.new_request(90)
     done = 0

@@ -332,7 +332,7 @@ stage_bench() {
   # shellcheck disable=SC2086
   "$PY" -m verify.bench --out "$RES/bench" ${BENCH_ARGS:-}
   local rc=$?
-  # README's speed section as this run would make it (python -m verify.bench.report --write,
+  # README's speed section as this run would make it (python -m verify.figures --write writes it
   # once the results are committed in verify/results/h200/bench/).
   "$PY" -m verify.bench.report --results "$RES/bench" --print > "$RES/bench/README-speed.md" ||
     echo "note: could not render README's speed section from this run" >&2

@@ -73,7 +73,7 @@ def _floats(text: str) -> tuple[float, ...]:
     return vals
 
 
-def _names(allowed: Sequence[str]):  # type: ignore[no-untyped-def]
+def _names(allowed: Sequence[str]):
     def parse(text: str) -> tuple[str, ...]:
         vals = tuple(x.strip() for x in text.split(",") if x.strip())
         bad = [v for v in vals if v not in allowed]

@@ -416,13 +416,13 @@ def evaluate(
     shared = [c for c in cells if c.arm == SERVER and c.group == "shared_prefix" and c.state != SKIPPED]
     if shared:
         failing = [c for c in shared if c.state == FAIL]
-        partial = [c for c in shared if c.state not in (PASS, FAIL)]
+        unmeasured = [c for c in shared if c.state not in (PASS, FAIL)]
         checks.append(
             Check(
                 "shared-prefix (radix cache) questions all answered",
-                _status(failing, partial),
+                _status(failing, unmeasured),
                 f"{sum(c.passed for c in shared)}/{len(shared)} pass"
-                + (f"; {len(partial)} not measured" if partial else ""),
+                + (f"; {len(unmeasured)} not measured" if unmeasured else ""),
                 False,
             )
         )

@@ -385,10 +385,14 @@ async def make_counter(
 
     for path in ("/v1/tokenize", "/tokenize"):
         counter = ServerTokenCounter(arm.http, path, profile.model, kwargs)
+
+        def tiny_count(c: ServerTokenCounter = counter) -> Awaitable[int]:
+            return c.raw_count(_tiny_prompt())
+
         try:
             n = await startup_call(
                 policy,
-                lambda c=counter: c.raw_count(_tiny_prompt()),
+                tiny_count,
                 path,
                 arm.label,
                 profile.startup_retried,

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm  # type: ignore[import-untyped]
+from tqdm import tqdm
 
 from verify.live import HARNESS_VERSION
 from verify.live.client import ArmClient, ChatResult, RequestFailure, Sampling

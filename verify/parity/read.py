@@ -86,12 +86,11 @@ from typing import Any
 
 import torch
 
-from verify import platform as P
-from verify.parity.read_reference import (
+from verify.core import platform as P
+from verify.core.read_reference import (
     PAGE,
     PrefillCase,
     ReadCase,
-    calc_diff,
     causal_lengths,
     make_group_case,
     make_prefill_case,
@@ -103,12 +102,13 @@ from verify.parity.read_reference import (
     tiles_end,
     verify_lengths,
 )
-from verify.parity.store_report import CheckResult, CheckSkipped, Status, run_check, summary_table, write_json
-from verify.parity.upstream_read import (
+from verify.core.scoring import calc_diff
+from verify.core.upstream import (
     load_bf16_kernel_module,
     load_bf16_prefill_module,
     load_upstream_fp8_torch_reader,
 )
+from verify.parity.store_report import CheckResult, CheckSkipped, Status, run_check, summary_table, write_json
 
 SUITE = "parity.read"
 FULL_LENGTHS = [1, 63, 64, 65, 511, 512, 513, 4095, 65536]
@@ -163,11 +163,11 @@ class Suite:
                 out.fill_(float("nan"))
             return out
 
-        torch.empty = nan_empty  # type: ignore[assignment]
+        torch.empty = nan_empty
         try:
             yield
         finally:
-            torch.empty = empty  # type: ignore[assignment]
+            torch.empty = empty
 
     def run(self, case: ReadCase, *, poison: bool = True, config: Any = None, **kw: Any) -> torch.Tensor:
         """The kernel as the indexer calls it; with ``config``, that launch config instead of the
@@ -368,7 +368,7 @@ class Suite:
         return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
 
     def check_fp8_twin_oracle(self) -> CheckResult:
-        from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+        from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
         case = self.case(self.s.lengths, seed=self.s.seed + 71)
         buf, deq = pack_fp8_pages(case.pool)  # the NaN page stays NaN: must never be read
@@ -390,7 +390,7 @@ class Suite:
         return verdict(metrics, "fp8 twin vs dequantized-input oracle")
 
     def check_fp8_twin_vs_upstream_torch(self) -> CheckResult:
-        from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+        from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
         reader, route = load_upstream_fp8_torch_reader()
         case = self.case(SMALL_LENGTHS + [511, 513], seed=self.s.seed + 81)
@@ -421,7 +421,7 @@ class Suite:
 
     def grouped_config(self, group_rows: int, profile: str | None = None) -> Any:
         """The launch config the kernel module selects for groups of 64-head rows on ``profile``'s
-        GPU (its shared memory, verify.platform.SHARED_MEMORY), or on this device."""
+        GPU (its shared memory, verify.core.platform.SHARED_MEMORY), or on this device."""
         shared = (P.kernel_shared_memory(self.module, profile) if profile
                   else self.module._device_shared_memory(self.s.device))
         return self.module.select_config(1, 0, 64, group_rows, shared)
@@ -490,7 +490,7 @@ class Suite:
         launch that got through would show; the default config's grouped launch is the control
         (it must reach the recorder). Python launch logic only: on a CPU the inputs claim CUDA
         (the module asserts that first), nothing runs."""
-        module = self.module
+        module: Any = self.module  # its kernel is replaced by a recorder below
         cfg = module.Bf16IndexLogitsConfig
         static = cfg(block_n=64, split_n=128)
         no_len_aware = replace(module.CONFIGS["decode"], length_aware=False)
@@ -927,7 +927,7 @@ class _ClaimsCuda(torch.Tensor):
     launch logic, which the refusal check exercises on a CPU (nothing is launched)."""
 
     @property
-    def is_cuda(self) -> bool:  # type: ignore[override]
+    def is_cuda(self) -> bool:
         return True
 
 

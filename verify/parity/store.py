@@ -47,15 +47,14 @@ from typing import Any
 
 import torch
 
-from verify.parity import store_baseline
-from verify.parity.store_cases import (
+from verify.core.store_cases import (
     DEFAULT_DECODE_SEQ_LENS,
     DEFAULT_LENGTHS,
     DecodeCase,
     PrefillCase,
     make_prefill_case,
 )
-from verify.parity.store_driver import (
+from verify.core.store_driver import (
     DUMP_SLOT,
     Prepared,
     make_freqs_cis,
@@ -66,7 +65,7 @@ from verify.parity.store_driver import (
     store_fused,
     upstream_ops,
 )
-from verify.parity.store_layout import (
+from verify.core.store_layout import (
     BF16_LAYOUT,
     FP8_LAYOUT,
     bf16_slot_view,
@@ -76,7 +75,8 @@ from verify.parity.store_layout import (
     fill_canary,
     written_byte_mask,
 )
-from verify.parity.store_reference import Bf16Comparison, compare_bf16, index_k_reference
+from verify.core.store_reference import Bf16Comparison, compare_bf16, index_k_reference
+from verify.parity import store_baseline
 from verify.parity.store_report import (
     CheckResult,
     CheckSkipped,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +20,10 @@ from typing import Any
 
 import torch
 
-from verify.parity.store_driver import PAGE_SIZE, Prepared
-from verify.parity.store_layout import FP8_LAYOUT, fill_canary
+from verify.core.store_driver import PAGE_SIZE, Prepared
+from verify.core.store_layout import FP8_LAYOUT, fill_canary
+from verify.core.upstream import worker_env
 
-# Flags that would move a server off the default path; the default-path run must not see them.
-_SERIES_ENV = ("SGLANG_DSV4_BF16_INDEX_K", "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR")
 WORKER_TIMEOUT_S = 1200
 
 
@@ -61,30 +59,6 @@ def _tree_of_imported_sglang() -> Path:
     import sglang
 
     return Path(sglang.__file__).resolve().parent.parent
-
-
-def _verify_root() -> Path:
-    return Path(__file__).resolve().parent.parent.parent
-
-
-def worker_env(tree: Path, jit_cache: Path | None) -> dict[str, str]:
-    """Environment for a worker that must import ``sglang`` from ``tree`` and nothing else.
-
-    Other PYTHONPATH entries (e.g. a folder of carried wheels) are kept, except any that hold
-    an ``sglang`` package of their own.
-    """
-    env = dict(os.environ)
-    for name in _SERIES_ENV:
-        env.pop(name, None)
-    kept = [
-        entry
-        for entry in env.get("PYTHONPATH", "").split(os.pathsep)
-        if entry and not (Path(entry) / "sglang" / "__init__.py").exists()
-    ]
-    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(_verify_root()), *kept])
-    if jit_cache is not None:
-        env["SGLANG_JIT_CACHE_DIR"] = str(jit_cache)
-    return env
 
 
 def run_worker(tree: Path, inputs: Path, output: Path, jit_cache: Path | None, log: Path) -> dict[str, Any]:
@@ -153,10 +127,10 @@ def _worker_main(inputs: Path, output: Path) -> None:
 
     import sglang
 
-    from verify import platform as P
+    from verify.core import upstream as U
 
-    got = P.load("compress_store")  # the one loader, from whichever tree this worker imports
-    if isinstance(got, P.Missing):
+    got = U.load("compress_store")  # the one loader, from whichever tree this worker imports
+    if isinstance(got, U.Missing):
         raise SystemExit(f"store baseline worker: {got.reason}")
     compress_norm_rope_store = got.obj
     compress = importlib.import_module(compress_norm_rope_store.__module__)

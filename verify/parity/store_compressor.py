@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from verify.parity.store_cases import COMPRESS_RATIO
-from verify.parity.store_driver import HEAD_DIM, PAGE_SIZE, SCORE_WIDTH, Prepared
+from verify.core.store_cases import COMPRESS_RATIO
+from verify.core.store_driver import HEAD_DIM, PAGE_SIZE, SCORE_WIDTH, Prepared
 
 UNFUSED_ENV = "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR"
 LAYER_ID = 1  # model layer 1 = the first C4 layer (layer 0 is a plain one in this mapping)

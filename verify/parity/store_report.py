@@ -11,6 +11,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from verify.core.provenance import SERIES_HASH, series_hash
+
 
 class Status(str, Enum):
     PASS = "pass"
@@ -82,12 +84,13 @@ def summary_table(results: Iterable[CheckResult]) -> str:
 
 
 def write_json(path: Path, suite: str, results: list[CheckResult], meta: dict[str, Any]) -> None:
-    """Write the suite's results; ``ok`` is true only when nothing failed or errored."""
+    """Write the suite's results; ``ok`` is true only when nothing failed or errored. The meta
+    gains the applied series' hash."""
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "suite": suite,
         "ok": all(r.status in (Status.PASS, Status.SKIP) for r in results),
-        "meta": meta,
+        "meta": {**meta, SERIES_HASH: series_hash()},
         "results": [r.to_json() for r in results],
     }
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n")

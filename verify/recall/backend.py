@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import formats as F
-from .scoring import SlotKeys, grouped_row_logits
+from verify.core import formats as F
+from verify.core.scoring import SlotKeys, grouped_row_logits, torch_select
 
 FAULTS: dict[str, str] = {
     "bf16-slot-shift": "bf16 store writes every key one slot later within its page (bad slot mapping)",
@@ -105,24 +105,6 @@ class Backend:
         raise NotImplementedError
 
 
-def torch_select(logits: torch.Tensor, seq_lens: torch.Tensor, topk: int) -> torch.Tensor:
-    """Production selection semantics in torch (``topk_transform_paged_torch``'s contract):
-    k = min(topk, seq_len); rows with seq_len <= topk take 0..seq_len-1 (no scores read)."""
-    b, width = logits.shape
-    seq = seq_lens.long().unsqueeze(1)
-    pos = torch.arange(width, device=logits.device).unsqueeze(0)
-    masked = logits.masked_fill(pos >= seq, float("-inf"))
-    kk = min(topk, width)
-    idx = masked.topk(kk, dim=1, sorted=False).indices
-    if kk < topk:
-        idx = torch.cat([idx, idx.new_full((b, topk - kk), -1)], dim=1)
-    sequential = torch.arange(topk, device=logits.device).unsqueeze(0).expand(b, -1)
-    short = seq <= topk
-    out = torch.where(short, sequential, idx)
-    valid = torch.arange(topk, device=logits.device).unsqueeze(0) < seq.clamp(max=topk)
-    return torch.where(valid, out, torch.full_like(out, -1)).long()
-
-
 def decode_pool(fmt: str, pool: torch.Tensor, fp8_scorer: str = "fp8-fp32acc") -> SlotKeys:
     """Read every slot of a pool the way the emulated scorer for ``fmt`` reads it."""
     n = pool.shape[0] * F.PAGE_SLOTS
@@ -163,7 +145,7 @@ class EmulationBackend(Backend):
         self.paths.setdefault("score_fp4", "emulation of deep_gemm.fp8_fp4_paged_mqa_logits (fp32; the kernel is SM100-only, "
                                            "none exists for Hopper)")
         self.paths.setdefault("reference", "DeepSeek inference/model.py indexer numerics: fp4 q x fp4 k in bf16, "
-                                           "scores in fp64 (verify.recall.deepseek_reference)")
+                                           "scores in fp64 (verify.core.deepseek_reference)")
         self._decoded: dict[int, tuple[int, SlotKeys]] = {}
 
     def _store(self, fmt: str, pool: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:

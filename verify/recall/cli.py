@@ -17,7 +17,6 @@ Exit status: 0 when the bf16 gate passes, 1 when it fails, 2 on usage or runtime
 from __future__ import annotations
 
 import argparse
-import hashlib
 import platform
 import subprocess
 import sys
@@ -25,15 +24,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from verify.core.deepseek_reference import fp4_rule_differences
+from verify.core.metrics import aggregate
+from verify.core.provenance import SERIES_HASH, series_hash
+
 from . import diagnose
-from .backend import FAULTS, Backend, EmulationBackend
-from .deepseek_reference import fp4_rule_differences
+from .backend import FAULTS, Backend
+from .backend_choice import make_backend
 from .gate import evaluate, evaluate_exact_q
 from .generator import GenConfig, PlanConfig, build_planted
-from .metrics import aggregate
 from .report import (
     CSV_FIELDS,
     flat_cells,
@@ -48,26 +51,6 @@ from .runner import BASE_ARMS, run_problem
 LENGTHS_FULL = (338, 2048, 4509, 5200, 8000, 12000, 22597, 32768, 65536, 131072)
 LENGTHS_CI = (338, 2048, 4509, 5200, 8000)
 DEPTHS_PCT = (0, 10, 25, 50, 75, 90, 100)
-
-
-def make_backend(kind: str, faults: tuple[str, ...], fp8_scorer: str = "auto", platform: str = "auto") -> Backend:
-    """The GPU backend runs the platform profile's production kernels; the CPU backend emulates
-    them (every fp8 scorer but upstream's torch fallbacks accumulates fp8 x fp8 in fp32)."""
-    if kind == "gpu":
-        from .gpu_backend import make_gpu_backend
-
-        return make_gpu_backend(faults, fp8_scorer, platform=platform)
-    sem = {"auto": "fp8-fp32acc", "deepgemm": "fp8-fp32acc", "emulation": "fp8-fp32acc", "torch": "fp8-torch",
-           "torch-sm120": "fp8-torch", "tilelang": "fp8-fp32acc"}.get(fp8_scorer)
-    if sem is None:
-        raise SystemExit(f"--fp8-scorer {fp8_scorer!r} is GPU-only; on cpu use auto or torch")
-    backend = EmulationBackend(device=torch.device("cpu"), faults=faults, fp8_scorer=sem)
-    if platform != "auto":
-        from verify import platform as P
-
-        P.resolve(platform)
-        backend.paths["platform"] = f"{platform} ({P.HARDWARE[platform]}): CPU emulation of its fp8 scoring semantics ({sem})"
-    return backend
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -89,7 +72,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replay", type=Path, default=None, help="score a capture file instead of synthetic data (REPLAY.md)")
     ap.add_argument("--fp8-scorer", default="auto", help="gpu: auto (the platform's)|torch|torch-sm120|triton-twin|deepgemm|tilelang|emulation; cpu: auto (fp32-accumulating fp8 math)|torch (upstream torch-fallback math)")
-    ap.add_argument("--platform", default="auto", help="profile whose fp8 scorer and top-k the fp8 arm runs: auto (the local GPU's), sm90, sm100, sm120, hip (verify.platform)")
+    ap.add_argument("--platform", default="auto", help="profile whose fp8 scorer and top-k the fp8 arm runs: auto (the local GPU's), sm90, sm100, sm120, hip (verify.core.platform)")
     ap.add_argument("--arms", nargs="+", default=None, help=f"arms to run (default: {' '.join(BASE_ARMS)}; fp8_emul added on gpu)")
     ap.add_argument("--inject-fault", action="append", default=[], choices=sorted(FAULTS), help="harness self-test: corrupt a store path")
     ap.add_argument("--no-diagnose", action="store_true")
@@ -108,30 +91,17 @@ def _git_head(repo: Path) -> str | None:
         return None
 
 
-def _series_hash(repo: Path) -> str | None:
-    series = repo / "series"
-    if not (series / "series").exists():
-        return None
-    h = hashlib.sha256()
-    for name in (series / "series").read_text().split():
-        f = series / name
-        h.update(name.encode())
-        if f.exists():
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def versions(backend: Backend) -> dict[str, object]:
-    from . import upstream
+def versions(backend: Backend) -> dict[str, Any]:
+    from verify.core import upstream
 
     repo = Path(__file__).resolve().parents[2]
-    v: dict[str, object] = {
+    v: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
         "sglang": upstream.sglang_version(),
         "product_git_head": _git_head(repo),
-        "series_hash": _series_hash(repo),
+        SERIES_HASH: series_hash(),
     }
     for mod in ("numpy", "matplotlib", "triton"):
         try:
@@ -176,8 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sequences=args.sequences or (2 if gpu else 1),
     )
     gen = GenConfig(seed=args.seed)
-    records: list[dict[str, object]] = []
-    per_problem: list[dict[str, object]] = []
+    records: list[dict[str, Any]] = []
+    per_problem: list[dict[str, Any]] = []
     source = "synthetic"
     if args.replay is not None:
         from .replay import load_problem
@@ -192,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend.paths["replay_captured_format"] = cap.index_k_format
         log(f"[recall] replay {args.replay}: {cap.rows} rows, {cap.num_pages} pages ({cap.index_k_format}), topk {topks}")
         out = run_problem(problem, backend, arms, control, budget, preset=preset)
-        records.extend(out["records"])  # type: ignore[arg-type]
+        records.extend(out["records"])
         per_problem.append({"source": source, "rows": problem.num_rows, "timing": out["timing"], "canary": out["canary"], "metadata": cap.metadata})
     else:
         for length in lengths:
@@ -200,9 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             problem = build_planted(length, plan, gen, backend.quantize_q, backend.device)
             t_build = time.perf_counter() - t0
             out = run_problem(problem, backend, arms, control, budget)
-            records.extend(out["records"])  # type: ignore[arg-type]
+            records.extend(out["records"])
             unplaceable = sum(1 for r in problem.rows if r.get("needle_unplaceable"))
-            rounding = fp4_rule_differences(problem.queries.q_rot, problem.keys_ref[problem.written_slots])  # type: ignore[arg-type]
+            rounding = fp4_rule_differences(problem.queries.q_rot, problem.keys_ref[problem.written_slots])
             per_problem.append(
                 {
                     "length_tokens": length,
@@ -211,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "pages": problem.num_pages,
                     "needles_unplaceable": unplaceable,
                     "fp4_upstream_vs_reference_rounding": rounding,
-                    "timing": {"build_s": t_build, **out["timing"], "total_s": time.perf_counter() - t0},  # type: ignore[dict-item]
+                    "timing": {"build_s": t_build, **out["timing"], "total_s": time.perf_counter() - t0},
                     "canary": out["canary"],
                 }
             )

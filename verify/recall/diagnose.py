@@ -17,7 +17,7 @@ dequantized-input oracle:
 * CUDA graphs: a scorer + top-k captured at short lengths and replayed at long ones equals eager;
 * end to end (tier 2): the production fp8 arm against the emulated fp8 arm on identical inputs,
   and top-k agreement with the bf16 arm; beside them, every arm's overlap with the three oracles
-  (same-q, exact-q and DeepSeek's reference numerics, :mod:`verify.recall.deepseek_reference`),
+  (same-q, exact-q and DeepSeek's reference numerics, :mod:`verify.core.deepseek_reference`),
   reported, never part of the verdict.
 
 The verdict is one line: ``fp8 path correct, loses X% of top-k to precision`` or ``fp8 path
@@ -37,11 +37,17 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from . import formats as F
+from verify.core import formats as F
+from verify.core.metrics import SCORER_BOUND, row_metrics
+from verify.core.scoring import calc_diff, mask_past_len, row_slots
+from verify.core.upstream import Found, Missing
+
 from .backend import Backend, EmulationBackend, QueryInputs
 from .generator import (
     WEIGHT_SCALE,
@@ -52,9 +58,6 @@ from .generator import (
     rope_cos_sin,
     rope_hadamard,
 )
-from .metrics import SCORER_BOUND, row_metrics
-from .scoring import calc_diff, mask_past_len, row_slots
-from .upstream import Found, Missing
 
 
 @dataclass
@@ -64,7 +67,7 @@ class Check:
     status: str  # pass | fail | skipped | error
     detail: str
     fp8_path: bool = True  # counts toward the fp8 verdict
-    numbers: dict[str, object] = field(default_factory=dict)
+    numbers: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,7 +81,7 @@ class Diagnosis:
     #: against the other two is under the arm name ``reference``
     oracle_recall: dict[str, dict[str, float]] | None = None
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -115,7 +118,7 @@ def _queries(rows: int, device: torch.device, seed: int = 7):
 
 def _fp8_store_verdict(
     pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, canary: torch.Tensor, scale_rtol: float, abs_slack: float
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Compare a stored fp8 pool against the quantization of ``x`` (the store's fp32 input)."""
     exp_codes, exp_scale = F.fp8_quantize_rows(x)
     codes, scale = F.fp8_read(pool, slots)
@@ -139,7 +142,7 @@ def _fp8_store_verdict(
     }
 
 
-def _store_status(nums: Mapping[str, object]) -> tuple:
+def _store_status(nums: Mapping[str, Any]) -> tuple:
     ok = nums["values_within_rounding"] == 1.0 and nums["scales_ok"] == 1.0 and nums["canary_pages_untouched"]
     if ok:
         return "pass", (
@@ -153,7 +156,7 @@ def _store_status(nums: Mapping[str, object]) -> tuple:
         why.append(f"only {nums['scales_ok']:.2%} of scales match")
     if not nums["canary_pages_untouched"]:
         why.append("wrote into canary pages")
-    if float(nums["interleaved_values_within_rounding"]) > 0.99:  # type: ignore[arg-type]
+    if float(nums["interleaved_values_within_rounding"]) > 0.99:
         why.append("the pool decodes correctly as TOKEN-INTERLEAVED (128 B + 4 B per slot) while readers expect "
                    "block-planar (64x128 B then 64x4 B): layout mismatch, vllm #50576 class")
     return "fail", "; ".join(why)
@@ -202,7 +205,7 @@ def check_bf16_store(backend: Backend, num_keys: int, label: str) -> Check:
 
 def check_fused_norm_rope_store(device: torch.device, num_keys: int = 4096) -> Check:
     """Production's default fp8 writer: compress_norm_rope_store's indexer kernel (decode plans)."""
-    from . import upstream as U
+    from verify.core import upstream as U
 
     got = U.fused_norm_rope_store()
     if isinstance(got, U.Missing):
@@ -252,13 +255,13 @@ def check_fused_norm_rope_store(device: torch.device, num_keys: int = 4096) -> C
 def check_q(backend: Backend, label: str) -> Check:
     qi = _queries(32, backend.device)
     q8, w = backend.quantize_q(qi)
-    e8, ew = F.quantize_q(qi.q_rot, qi.w_raw, qi.weight_scale)  # type: ignore[arg-type]
+    e8, ew = F.quantize_q(qi.q_rot, qi.w_raw, qi.weight_scale)
     codes_exact = float((q8.view(torch.uint8) == e8.view(torch.uint8)).float().mean())
-    scale = F.fp8_row_scale(qi.q_rot)  # type: ignore[arg-type]
-    deq = q8.float() * (w / (qi.w_raw.float() * qi.weight_scale)).unsqueeze(-1)  # type: ignore[union-attr]
+    scale = F.fp8_row_scale(qi.q_rot)
+    deq = q8.float() * (w / (qi.w_raw.float() * qi.weight_scale)).unsqueeze(-1)
     x = qi.q_rot
-    bound = F.fp8_half_ulp(x / scale.unsqueeze(-1)) * scale.unsqueeze(-1)  # type: ignore[operator]
-    within = float((((deq - x).abs() <= bound * 1.001 + 1e-5 * x.abs().amax(-1, keepdim=True))).float().mean())  # type: ignore[operator]
+    bound = F.fp8_half_ulp(x / scale.unsqueeze(-1)) * scale.unsqueeze(-1)
+    within = float((((deq - x).abs() <= bound * 1.001 + 1e-5 * x.abs().amax(-1, keepdim=True))).float().mean())
     w_rel = float(((w - ew).abs() / ew.abs().clamp(min=1e-30)).max())
     ok = within == 1.0 and w_rel <= 1e-4
     detail = f"q codes bit-exact {codes_exact:.3%} vs emulation, dequantized q within fp8 rounding {within:.3%}, folded weights max rel err {w_rel:.1e}"
@@ -300,7 +303,7 @@ def score_case(device: torch.device, long_len: int) -> ScoreCase:
     codes, scale = F.fp8_read(pool["fp8"], slots)
     keys_deq = {"fp8": F.fp8_dequantize(codes, scale).double(), "bf16": F.bf16_read(pool["bf16"], slots).double()}
     qi = _queries(rows, device, seed=21)
-    q8, w = F.quantize_q(qi.q_rot, qi.w_raw, qi.weight_scale)  # type: ignore[arg-type]
+    q8, w = F.quantize_q(qi.q_rot, qi.w_raw, qi.weight_scale)
     return ScoreCase(pool, q8, w, torch.tensor(lens, dtype=torch.int32, device=device), page_table.to(device), keys_deq)
 
 
@@ -350,7 +353,7 @@ def check_scorer(fmt: str, label: str, fn: ScoreFn, case: ScoreCase, fp8_path: b
 
 
 def scorer_fn(found, fmt: str) -> ScoreFn:
-    """A loaded paged-logits kernel (``upstream.Found``) called as the indexer calls it."""
+    """A loaded paged-logits kernel (``verify.core.upstream.Found``) called as the indexer calls it."""
     from .gpu_backend import call_paged_scorer
 
     def fn(pool, q8, w, seq, pt):
@@ -441,8 +444,6 @@ def _deepgemm_probe_main() -> None:
 
     case = score_case(dev, 4096)
 
-    from .upstream import Found
-
     found = Found(deep_gemm.fp8_paged_mqa_logits, "deep_gemm.fp8_paged_mqa_logits")
     chk = check_scorer("fp8", found.name, scorer_fn(found, "fp8"), case, True)
     print("PROBE " + json.dumps(asdict(chk)))
@@ -486,17 +487,17 @@ def _mean(vals: Sequence[float]) -> float:
     return sum(v) / len(v) if v else float("nan")
 
 
-def choosing(records: Sequence[Mapping[str, object]], arm: str) -> list[Mapping[str, object]]:
+def choosing(records: Sequence[Mapping[str, Any]], arm: str) -> list[Mapping[str, Any]]:
     """Rows of ``arm`` where the indexer has to choose (more visible keys than k)."""
-    return [r for r in records if r["arm"] == arm and int(r["seq_len"]) > int(r["k"])]  # type: ignore[arg-type]
+    return [r for r in records if r["arm"] == arm and int(r["seq_len"]) > int(r["k"])]
 
 
-def check_end_to_end(records: Sequence[Mapping[str, object]]) -> Check:
+def check_end_to_end(records: Sequence[Mapping[str, Any]]) -> Check:
     prod, emu = choosing(records, "fp8"), choosing(records, "fp8_emul")
     if not prod or not emu:
         return Check("fp8 end to end (tier 2)", "fp8 store + scorer + top-k", "skipped", "no fp8_emul control arm in this run")
-    rp, re_ = _mean([float(r["recall_tie"]) for r in prod]), _mean([float(r["recall_tie"]) for r in emu])  # type: ignore[arg-type]
-    def key(r: Mapping[str, object]) -> tuple:
+    rp, re_ = _mean([float(r["recall_tie"]) for r in prod]), _mean([float(r["recall_tie"]) for r in emu])
+    def key(r: Mapping[str, Any]) -> tuple:
         return (str(r.get("source")), r["length_tokens"], r["row"])
 
     emu_hit = {key(r): r.get("needle_hit") for r in records if r["arm"] == "fp8_emul"}
@@ -515,7 +516,7 @@ def check_end_to_end(records: Sequence[Mapping[str, object]]) -> Check:
 
 
 def verdict(
-    checks: Sequence[Check], records: Sequence[Mapping[str, object]], emulated: bool, faults: Sequence[str] = ()
+    checks: Sequence[Check], records: Sequence[Mapping[str, Any]], emulated: bool, faults: Sequence[str] = ()
 ) -> str:
     fails = [c for c in checks if c.fp8_path and c.status == "fail"]
     injected = f" [faults injected on purpose: {', '.join(faults)}]" if faults else ""
@@ -532,8 +533,8 @@ def verdict(
     fp8, bf16 = choosing(records, "fp8"), choosing(records, "bf16")
     if not fp8:
         return prefix + f"fp8 path correct ({len(ran)} checks passed); no tier-2 rows where the indexer must choose"
-    loss = 1 - _mean([float(r["recall_tie"]) for r in fp8])  # type: ignore[arg-type]
-    loss_b = 1 - _mean([float(r["recall_tie"]) for r in bf16]) if bf16 else float("nan")  # type: ignore[arg-type]
+    loss = 1 - _mean([float(r["recall_tie"]) for r in fp8])
+    loss_b = 1 - _mean([float(r["recall_tie"]) for r in bf16]) if bf16 else float("nan")
     g = [r for r in records if r["arm"] == "fp8" and r.get("gated") == 1.0]
     kept = sum(1 for r in g if r.get("needle_hit") == 1.0)
     return (
@@ -543,7 +544,7 @@ def verdict(
     )
 
 
-def run(backend: Backend, records: Sequence[Mapping[str, object]] = (), quick: bool = False) -> Diagnosis:
+def run(backend: Backend, records: Sequence[Mapping[str, Any]] = (), quick: bool = False) -> Diagnosis:
     emulated = isinstance(backend, EmulationBackend)
     dev = backend.device
     gpu = dev.type == "cuda"
@@ -573,10 +574,10 @@ def run(backend: Backend, records: Sequence[Mapping[str, object]] = (), quick: b
         for fmt in ("fp8", "bf16"):
             label = backend.paths.get(f"score_{fmt}", fmt) + " + " + backend.paths.get("select", "top-k")
             checks.append(_guard(f"{fmt} scorer + top-k under CUDA-graph replay", label,
-                                 lambda fmt=fmt, label=label: check_graph_replay(backend, fmt, label, case), fp8_path=fmt == "fp8"))
+                                 partial(check_graph_replay, backend, fmt, label, case), fp8_path=fmt == "fp8"))
     if records:
         checks.append(check_end_to_end(records))
-    agree = [float(r["agree_bf16"]) for r in choosing(records, "fp8") if r.get("agree_bf16") is not None]  # type: ignore[arg-type]
+    agree = [float(r["agree_bf16"]) for r in choosing(records, "fp8") if r.get("agree_bf16") is not None]
     return Diagnosis(verdict(checks, records, emulated, backend.faults), checks, emulated, _mean(agree) if agree else None,
                      oracle_recall(records))
 
@@ -586,7 +587,7 @@ ORACLE_FIELDS = {"same-q": "recall_tie", "exact-q": "recall_tie_unq", "reference
 REFERENCE_FIELDS = {"same-q": "ref_recall_tie", "exact-q": "ref_recall_tie_unq"}
 
 
-def oracle_recall(records: Sequence[Mapping[str, object]]) -> dict[str, dict[str, float]] | None:
+def oracle_recall(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]] | None:
     """Each arm's mean tie-aware recall against each oracle over the rows where the indexer must
     choose, and the reference's own selection against the same-q / exact-q oracles; None when
     the records carry no reference oracle (a capture without the unquantized q)."""
@@ -595,11 +596,11 @@ def oracle_recall(records: Sequence[Mapping[str, object]]) -> dict[str, dict[str
     arms = list(dict.fromkeys(str(r["arm"]) for r in records))
     out: dict[str, dict[str, float]] = {}
     for oracle, field_name in ORACLE_FIELDS.items():
-        out[oracle] = {a: _mean([float(r[field_name]) for r in choosing(records, a) if r.get(field_name) is not None])  # type: ignore[arg-type]
+        out[oracle] = {a: _mean([float(r[field_name]) for r in choosing(records, a) if r.get(field_name) is not None])
                        for a in arms}
     first = choosing(records, arms[0])
     for oracle, field_name in REFERENCE_FIELDS.items():
-        out[oracle]["reference"] = _mean([float(r[field_name]) for r in first if r.get(field_name) is not None])  # type: ignore[arg-type]
+        out[oracle]["reference"] = _mean([float(r[field_name]) for r in first if r.get(field_name) is not None])
     out["reference"]["reference"] = 1.0
     return out
 
@@ -630,8 +631,11 @@ def other_scorer_checks(backend: Backend, case: ScoreCase) -> list[Check]:
             continue
         if got.name.startswith("deep_gemm"):  # a real DeepGEMM runs only in the isolated probe below
             continue
-        out.append(_guard("other fp8 scorer", got.name, lambda got=got: check_scorer("fp8", got.name, scorer_fn(got, "fp8"), case, False,
-                                                                               name="other fp8 scorer"), False))
+
+        def other(got: Found = got) -> Check:
+            return check_scorer("fp8", got.name, scorer_fn(got, "fp8"), case, False, name="other fp8 scorer")
+
+        out.append(_guard("other fp8 scorer", got.name, other, False))
 
         def hazards(got: Found = got) -> Check:
             res = H.check_scorer_then_topk(
@@ -668,9 +672,9 @@ def hazard_checks(backend: Backend) -> list[Check]:
         def scorer_topk(fmt: str = fmt, label: str = label) -> Check:
             res = H.check_scorer_then_topk(
                 fmt,
-                store=lambda pool, slots, keys, fmt=fmt: backend.store(fmt, pool, slots, keys),
-                new_pool=lambda n, fmt=fmt: backend.new_pool(fmt, n),
-                score=lambda pool, q8, w, seq, pt, fmt=fmt: backend.score(fmt, pool, q8, w, torch.arange(q8.shape[0], device=dev), seq, pt),
+                store=lambda pool, slots, keys: backend.store(fmt, pool, slots, keys),
+                new_pool=lambda n: backend.new_pool(fmt, n),
+                score=lambda pool, q8, w, seq, pt: backend.score(fmt, pool, q8, w, torch.arange(q8.shape[0], device=dev), seq, pt),
                 select=backend.select,
                 quantize_q=lambda q, w: F.quantize_q(q, w, 1.0),
                 device=dev,
@@ -699,18 +703,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.deepgemm_probe:
         _deepgemm_probe_main()
         return 0
-    from verify import platform as P
+    from verify.core import platform as P
+    from verify.core.provenance import SERIES_HASH, series_hash
 
-    from .cli import make_backend
+    from .backend_choice import make_backend
     from .verdicts import component_verdicts, render
 
     forward = None
     if args.forward:
-        from verify.forward.runs import merge_runs
+        from verify.core.forward_runs import merge_runs
 
         found = [d for d in args.forward if (d / "results.json").exists()]
         forward = merge_runs(found) if found else None
-    refolded: dict[str, object] | None = None
+    refolded: dict[str, Any] | None = None
     if args.refold is not None:
         measured = json.loads(args.refold.read_text())
         profile, paths = measured["platform"], measured["paths"]
@@ -721,13 +726,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         local = measured.get("local_profile", profile if not any(
             c["component"].endswith("hardware itself") for c in measured["components"]) else None)
         refolded = {"checks_from": str(args.refold), "forward_from": [str(f) for f in args.forward or []]}
+        applied = measured.get(SERIES_HASH)  # the checks are that run's: its series, not this checkout's
     else:
         if args.backend == "cpu" and args.platform == "auto":
             args.platform = P.local_profile() or "sm90"
         profile = P.resolve(args.platform)
         backend = make_backend(args.backend, (), args.fp8_scorer, platform=profile)
         diag = run(backend)
-        paths, local = backend.paths, P.local_profile()
+        paths, local, applied = backend.paths, P.local_profile(), series_hash()
     for c in diag.checks:
         print(f"[{c.status:7}] {c.name} -- {c.kernel}: {c.detail}")
     print(diag.verdict)
@@ -738,7 +744,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "diagnosis.json").write_text(json.dumps(
             {"platform": profile, "local_profile": local, "diagnosis": diag.to_dict(), "paths": paths,
-             "components": [line.__dict__ for line in lines], **({"refolded": refolded} if refolded else {})},
+             "components": [line.__dict__ for line in lines], SERIES_HASH: applied,
+             **({"refolded": refolded} if refolded else {})},
             indent=1, default=str))
         (args.out / "diagnosis.md").write_text(text)
     return 1 if any(line.status == "fail" for line in lines) else 0

@@ -1,7 +1,7 @@
 """The tier-2 gate on the bf16 arm (fp8 and fp4-sim are reported, never gated).
 
 1. needle: every row where the oracle selects the needle with a margin of at least 1% over the best
-   key it does not select (see :mod:`verify.recall.metrics` for the margin's unit) has the needle
+   key it does not select (see :mod:`verify.core.metrics` for the margin's unit) has the needle
    selected by the bf16 arm;
 2. loss ratio: at every (index_topk, length), bf16's mean recall loss ``1 - tie-aware recall`` is at
    most a quarter of fp8's;
@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from .metrics import GATE_MARGIN, aggregate
+from verify.core.metrics import GATE_MARGIN, aggregate
 
 LOSS_RATIO = 0.25
 #: float noise allowed when comparing two means of the same rows (not a precision allowance)
@@ -32,7 +33,7 @@ class Condition:
     name: str
     passed: bool
     detail: str
-    failures: list[dict[str, object]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
 
 SAME_Q = "same-q oracle: unrounded keys, the production fp8 q (dequantized)"
@@ -47,15 +48,15 @@ class GateResult:
     reference: str = "fp8"
     oracle: str = SAME_Q
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _by(entries: Sequence[Mapping[str, object]], arm: str, keys: Sequence[str]) -> dict[tuple, Mapping[str, object]]:
+def _by(entries: Sequence[Mapping[str, Any]], arm: str, keys: Sequence[str]) -> dict[tuple, Mapping[str, Any]]:
     return {tuple(e[k] for k in keys): e for e in entries if e["arm"] == arm}
 
 
-def evaluate(records: Sequence[Mapping[str, object]], arm: str = "bf16", reference: str = "fp8") -> GateResult:
+def evaluate(records: Sequence[Mapping[str, Any]], arm: str = "bf16", reference: str = "fp8") -> GateResult:
     arms = {r["arm"] for r in records}
     if arm not in arms or reference not in arms:
         return GateResult(False, [Condition("arms", False, f"need arms {arm!r} and {reference!r}, have {sorted(arms)}")])
@@ -77,9 +78,9 @@ def evaluate(records: Sequence[Mapping[str, object]], arm: str = "bf16", referen
     per_length = aggregate(records, ["topk", "length_tokens"])
     a = _by(per_length, arm, ("topk", "length_tokens"))
     b = _by(per_length, reference, ("topk", "length_tokens"))
-    ratio_fail: list[dict[str, object]] = []
+    ratio_fail: list[dict[str, Any]] = []
     for key in sorted(a):
-        la, lb = float(a[key]["loss"]), float(b[key]["loss"])  # type: ignore[arg-type]
+        la, lb = float(a[key]["loss"]), float(b[key]["loss"])
         if la > LOSS_RATIO * lb + MEAN_EPS:
             ratio_fail.append({"topk": key[0], "length_tokens": key[1], f"loss_{arm}": la, f"loss_{reference}": lb})
     ratio = Condition(
@@ -92,10 +93,10 @@ def evaluate(records: Sequence[Mapping[str, object]], arm: str = "bf16", referen
     cells = aggregate(records, ["topk", "length_tokens", "depth"])
     ca = _by(cells, arm, ("topk", "length_tokens", "depth"))
     cb = _by(cells, reference, ("topk", "length_tokens", "depth"))
-    cell_fail: list[dict[str, object]] = []
+    cell_fail: list[dict[str, Any]] = []
     for key in sorted(ca, key=str):
-        ma = float(ca[key]["recall_tie"]["mean"])  # type: ignore[index]
-        mb = float(cb[key]["recall_tie"]["mean"])  # type: ignore[index]
+        ma = float(ca[key]["recall_tie"]["mean"])
+        mb = float(cb[key]["recall_tie"]["mean"])
         if ma < mb - MEAN_EPS:
             cell_fail.append({"topk": key[0], "length_tokens": key[1], "depth": key[2], arm: ma, reference: mb})
     cell = Condition(
@@ -108,7 +109,7 @@ def evaluate(records: Sequence[Mapping[str, object]], arm: str = "bf16", referen
     return GateResult(all(c.passed for c in conds), conds, arm, reference)
 
 
-def evaluate_exact_q(records: Sequence[Mapping[str, object]], arm: str = "bf16", reference: str = "fp8") -> GateResult | None:
+def evaluate_exact_q(records: Sequence[Mapping[str, Any]], arm: str = "bf16", reference: str = "fp8") -> GateResult | None:
     """The gate's conditions against the exact-q oracle (needle hits still as the same-q oracle
     placed them); None when the records carry no exact-q recall."""
     if not any(r.get("recall_tie_unq") is not None for r in records):

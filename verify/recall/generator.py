@@ -32,12 +32,14 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from verify.core.formats import HEAD_DIM, PAGE_SLOTS
+from verify.core.scoring import SlotKeys, score_slots
+
 from .backend import QueryInputs
-from .formats import HEAD_DIM, PAGE_SLOTS
-from .scoring import SlotKeys, score_slots
 
 N_HEADS = 64
 ROPE_DIM = 64
@@ -97,7 +99,7 @@ class Problem:
     q_index: torch.Tensor  # [R] int64 row -> query
     needle_pos: torch.Tensor  # [R] int64, -1 = no needle
     queries: QueryInputs
-    rows: list[dict[str, object]]  # per-row metadata (length, depth, residue, margin, mode, kind...)
+    rows: list[dict[str, Any]]  # per-row metadata (length, depth, residue, margin, mode, kind...)
     # synthetic-only bookkeeping for planting
     private_page: torch.Tensor | None = None  # [R] int64 physical page private to the row
     seq_slots: list[torch.Tensor] = field(default_factory=list)  # per sequence: [n] slot of key j
@@ -214,8 +216,8 @@ def make_query(cfg: GenConfig, length: int, seq: int, group: int, position: int)
     return q.to(torch.bfloat16), w.to(torch.bfloat16)
 
 
-def _groups(plan: PlanConfig, n: int) -> list[dict[str, object]]:
-    groups: list[dict[str, object]] = []
+def _groups(plan: PlanConfig, n: int) -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = []
     for di, depth in enumerate(plan.depths):
         residues = range(4) if plan.residues == "all" else sorted({di % 4, (di + 2) % 4})
         for r in residues:
@@ -241,10 +243,10 @@ def build_problem(
     if n < 8:
         raise ValueError(f"length {length_tokens} gives only {n} keys")
     groups = _groups(plan, n)
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     for grp in groups:
-        seq_len = int(grp["seq_len"])  # type: ignore[arg-type]
-        pos = needle_position(float(grp["depth"]), int(grp["residue"]), seq_len)  # type: ignore[arg-type]
+        seq_len = int(grp["seq_len"])
+        pos = needle_position(float(grp["depth"]), int(grp["residue"]), seq_len)
         for topk in plan.topks:
             for mode in plan.modes:
                 for margin in plan.margins:
@@ -295,8 +297,8 @@ def build_problem(
 
     page_table = torch.empty(num_rows, pages_per_seq + 1, dtype=torch.int32)
     for i, row in enumerate(rows):
-        s = int(row["seq_id"])  # type: ignore[arg-type]
-        lp = int(row["needle_pos"]) // PAGE_SLOTS  # type: ignore[arg-type]
+        s = int(row["seq_id"])
+        lp = int(row["needle_pos"]) // PAGE_SLOTS
         table = seq_pages[s].clone()
         priv = int(private[i])
         keys[priv * PAGE_SLOTS + ar] = keys[int(table[lp]) * PAGE_SLOTS + ar]  # copy, plant later
@@ -308,8 +310,8 @@ def build_problem(
 
     q_pre_l, w_l, pos_l = [], [], []
     for grp in groups:
-        position = 4 * int(grp["seq_len"])  # type: ignore[arg-type]
-        q, w = make_query(cfg, length_tokens, int(grp["seq_id"]), int(grp["group"]), position)  # type: ignore[arg-type]
+        position = 4 * int(grp["seq_len"])
+        q, w = make_query(cfg, length_tokens, int(grp["seq_id"]), int(grp["group"]), position)
         q_pre_l.append(q)
         w_l.append(w)
         pos_l.append(position)
@@ -332,10 +334,10 @@ def build_problem(
         written_slots=torch.cat(written).long().to(dev),
         canary_pages=canary.long().to(dev),
         page_table=page_table.to(dev),
-        seq_lens=torch.tensor([int(r["seq_len"]) for r in rows], dtype=torch.int32, device=dev),  # type: ignore[arg-type]
-        topk=torch.tensor([int(r["topk"]) for r in rows], dtype=torch.int64, device=dev),  # type: ignore[arg-type]
-        q_index=torch.tensor([int(r["group"]) for r in rows], dtype=torch.int64, device=dev),  # type: ignore[arg-type]
-        needle_pos=torch.tensor([int(r["needle_pos"]) for r in rows], dtype=torch.int64, device=dev),  # type: ignore[arg-type]
+        seq_lens=torch.tensor([int(r["seq_len"]) for r in rows], dtype=torch.int32, device=dev),
+        topk=torch.tensor([int(r["topk"]) for r in rows], dtype=torch.int64, device=dev),
+        q_index=torch.tensor([int(r["group"]) for r in rows], dtype=torch.int64, device=dev),
+        needle_pos=torch.tensor([int(r["needle_pos"]) for r in rows], dtype=torch.int64, device=dev),
         queries=queries,
         rows=rows,
         private_page=private.long().to(dev),
@@ -373,13 +375,13 @@ def plant_needles(problem: Problem, cfg: GenConfig) -> None:
         return float(torch.relu(q_deq[u].double() @ key.double()) @ w[u].double())
 
     for i, row in enumerate(problem.rows):
-        u = int(row["group"])  # type: ignore[arg-type]
-        s = int(row["seq_id"])  # type: ignore[arg-type]
-        seq_len = int(row["seq_len"])  # type: ignore[arg-type]
-        k = int(row["k"])  # type: ignore[arg-type]
-        margin = float(row["margin"])  # type: ignore[arg-type]
+        u = int(row["group"])
+        s = int(row["seq_id"])
+        seq_len = int(row["seq_len"])
+        k = int(row["k"])
+        margin = float(row["margin"])
         mode = str(row["mode"])
-        pos = int(row["needle_pos"])  # type: ignore[arg-type]
+        pos = int(row["needle_pos"])
         if u not in hay_cache:
             hay_cache[u] = score_slots(ref_keys, problem.seq_slots[s], q_deq[u], w[u])
             g = _gen(cfg.seed, "needle-dir", problem.length_tokens, u)

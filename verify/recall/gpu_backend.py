@@ -4,7 +4,7 @@
 * fp8 store: ``fused_store_cache(type="indexer")`` into a 132-B/slot paged buffer;
 * bf16 store: patch 1's ``DeepSeekV4IndexerPool.set_index_k_bf16`` into its 256-B/slot buffer;
 * bf16 scorer: patch 4's ``bf16_paged_mqa_logits``;
-* fp8 scorer and top-k: what upstream runs on the ``platform`` profile (:mod:`verify.platform`;
+* fp8 scorer and top-k: what upstream runs on the ``platform`` profile (:mod:`verify.core.platform`;
   the dispatch probe reads them off upstream's own forward): sm_90 / sm_100 DeepGEMM's
   ``fp8_paged_mqa_logits`` (the Triton fp8 twin stands in where DeepGEMM cannot run) and top-k
   v2; sm_120 upstream's TileLang scorer (sm_120's mma.sync lowering on other GPUs) and top-k v1.
@@ -21,10 +21,12 @@ from typing import Any
 
 import torch
 
-from . import formats as F
-from . import upstream as U
-from .backend import Backend, EmulationBackend, QueryInputs, torch_select
-from .scoring import row_slots
+from verify.core import formats as F
+from verify.core import platform as P
+from verify.core import upstream as U
+from verify.core.scoring import row_slots, torch_select
+
+from .backend import Backend, EmulationBackend, QueryInputs
 
 FP8_SCORERS = ("auto", "torch", "torch-sm120", "triton-twin", "deepgemm", "tilelang", "emulation")
 # --fp8-scorer name -> the platform role it loads
@@ -36,7 +38,7 @@ TORCH_SEMANTICS = ("score_torch", "score_torch_sm120")  # bf16 per-head dots (em
 @dataclass
 class GpuBackend(Backend):
     fp8_scorer_choice: str = "auto"
-    platform: str = "auto"  # profile whose fp8 scorer and top-k run (see verify.platform)
+    platform: str = "auto"  # profile whose fp8 scorer and top-k run (see verify.core.platform)
     name: str = "gpu"
     stats: dict[str, int] = field(default_factory=dict)
 
@@ -50,15 +52,14 @@ class GpuBackend(Backend):
         self._fp8_store = U.fp8_store()
         self._pool_cls = U.bf16_pool_cls()
         self._bf16_score = U.bf16_scorer()
-        from verify import platform as P
-        from verify.forward.probe import profile_roles
+        from verify.core.probe import profile_roles
 
         self.platform = P.resolve(self.platform)
         self.roles = profile_roles(self.platform)
         self.paths["platform"] = f"{self.platform} ({P.HARDWARE[self.platform]}): upstream picks {self.roles}"
         self._topk_role = self.roles["topk"] if self.roles["topk"] in ("topk_v1", "topk_v2") else "topk_v1"
-        self._topk = P.load(self._topk_role)
-        self._topk_plan = P.load("topk_v2_plan") if self._topk_role == "topk_v2" else None
+        self._topk = U.load(self._topk_role)
+        self._topk_plan = U.load("metadata_topk_v2_plan") if self._topk_role == "topk_v2" else None
         self._fp8_score, fp8_sem = self._pick_fp8_scorer()
         # The control arm and every fallback: exact emulation with the chosen fp8 read semantics.
         self.emul = EmulationBackend(device=self.device, fp8_scorer=fp8_sem)
@@ -81,8 +82,6 @@ class GpuBackend(Backend):
         return f"{fallback} -- FALLBACK: {got.reason}"
 
     def _pick_fp8_scorer(self) -> tuple[U.Loaded, str]:
-        from verify import platform as P
-
         choice = self.fp8_scorer_choice
         if choice not in FP8_SCORERS:
             raise ValueError(f"--fp8-scorer must be one of {FP8_SCORERS}")
@@ -93,7 +92,7 @@ class GpuBackend(Backend):
         got = load_scorer(role)
         sem = "fp8-torch" if role in TORCH_SEMANTICS else "fp8-fp32acc"
         if isinstance(got, U.Missing) and choice == "auto":
-            twin = P.load("score_twin")
+            twin = U.load("score_twin")
             if isinstance(twin, U.Found):
                 got, sem = U.Found(twin.obj, f"{twin.name} (the profile's {role} did not load: {got.reason})"), "fp8-fp32acc"
         self.paths["score_fp8"] = self._desc(got, "emulation (fp8-fp32acc)")
@@ -108,7 +107,7 @@ class GpuBackend(Backend):
         pool = F.new_pool("fp8", 1, self.device)
         keys = torch.randn(F.PAGE_SLOTS, F.HEAD_DIM, device=self.device)
         slots = torch.arange(F.PAGE_SLOTS, device=self.device)
-        errors = []
+        errors: list[str] = []
         for dtype in (torch.float32, torch.bfloat16):
             try:
                 self._fp8_store.obj(input=keys.to(dtype), cache=pool, indices=slots, page_size=F.PAGE_SLOTS, type="indexer")
@@ -119,7 +118,7 @@ class GpuBackend(Backend):
                     self.paths["store_fp8"] += f" -- fp32 input rejected: {errors[0]}"
                 return
             except BaseException as exc:  # noqa: BLE001
-                errors.append(U._short(exc))
+                errors.append(U.short_error(exc))
         self._fp8_store = U.Missing("; ".join(errors))
         self.paths["store_fp8"] = self._desc(self._fp8_store, "emulation of fused_store_cache (torch)")
 
@@ -146,7 +145,7 @@ class GpuBackend(Backend):
                 self._pools[buf.data_ptr()] = pool
                 return buf
             except BaseException as exc:  # noqa: BLE001
-                self._pool_cls = U.Missing(f"constructing DeepSeekV4IndexerPool failed: {U._short(exc)}")
+                self._pool_cls = U.Missing(f"constructing DeepSeekV4IndexerPool failed: {U.short_error(exc)}")
                 self.paths["store_bf16"] = self._desc(self._pool_cls, "emulation of set_index_k_bf16 (torch)")
         return F.new_pool(fmt, num_pages, self.device)
 
@@ -174,8 +173,9 @@ class GpuBackend(Backend):
             # rope_cache[position], so a compact table replaces a 131K-row one.
             freqs = torch.complex(qi.cos.float(), qi.sin.float()).contiguous()
             positions = torch.arange(qi.q_pre.shape[0], device=self.device, dtype=torch.int64)
+            assert qi.w_raw is not None, "a q before RoPE comes with its head weights"
             q8, w = self._q.obj(
-                qi.q_pre.contiguous(), qi.w_raw.contiguous(), float(qi.weight_scale), freqs, positions  # type: ignore[union-attr]
+                qi.q_pre.contiguous(), qi.w_raw.contiguous(), float(qi.weight_scale), freqs, positions
             )
             return q8, w.view(w.shape[0], -1).float()
         return self.emul._quantize_q(qi)
@@ -252,8 +252,6 @@ def load_scorer(role: str) -> U.Loaded:
     """The fp8 scorer of a platform role, as it can run on this machine: DeepGEMM's when a working
     one imports, else the Triton fp8 twin standing in for it (named); TileLang's with sm_120's
     lowering when this GPU is not an sm_120."""
-    from verify import platform as P
-
     if role == "score_deepgemm":
         try:
             import deep_gemm
@@ -262,16 +260,13 @@ def load_scorer(role: str) -> U.Loaded:
                 return U.Found(deep_gemm.fp8_paged_mqa_logits, "deep_gemm.fp8_paged_mqa_logits")
         except Exception:  # noqa: BLE001, S110 -- absent or broken: the twin stands in
             pass
-        twin = P.load("score_twin")
+        twin = U.load("score_twin")
         if isinstance(twin, U.Missing):
             return twin
         return U.Found(twin.obj, f"{twin.name} standing in for deep_gemm.fp8_paged_mqa_logits (DeepGEMM does not run here)")
-    got = P.load(role)
-    if role == "score_tilelang" and isinstance(got, U.Found):
-        from verify.recall.sm120 import force_mma_sync_lowering
-
-        if P.local_profile() != "sm120":
-            got = U.Found(got.obj, f"{got.name} [{force_mma_sync_lowering()}]")
+    got = U.load(role)
+    if role == "score_tilelang" and isinstance(got, U.Found) and P.local_profile() != "sm120":
+        got = U.Found(got.obj, f"{got.name} [{P.force_mma_sync_lowering()}]")
     return got
 
 

@@ -21,12 +21,13 @@ the top-k masking by length -- on every path the platform uses. So:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from . import formats as F
-from .metrics import SCORER_BOUND, TIE_REL, row_metrics, tie_aware_recall
-from .scoring import calc_diff, mask_past_len, row_slots
+from verify.core import formats as F
+from verify.core.metrics import SCORER_BOUND, TIE_REL, row_metrics, tie_aware_recall
+from verify.core.scoring import calc_diff, mask_past_len, row_slots
 
 SelectFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 ScoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -59,7 +60,7 @@ def _poisoned_logits(lens: list[int], width: int, device: torch.device, g: torch
     return logits, torch.tensor(lens, dtype=torch.int32, device=device)
 
 
-def check_topk_poisoned_tails(select: SelectFn, device: torch.device, topks: tuple[int, ...] = (512, 1024)) -> dict[str, object]:
+def check_topk_poisoned_tails(select: SelectFn, device: torch.device, topks: tuple[int, ...] = (512, 1024)) -> dict[str, Any]:
     """The top-k reads only each row's first ``seq_len`` columns, whatever lies past them."""
     g = torch.Generator().manual_seed(41)
     lens = list(BOUNDARY_LENS)
@@ -112,7 +113,7 @@ def scorer_hazard_case(device: torch.device, seed: int = 43) -> dict[str, torch.
 def check_scorer_then_topk(fmt: str, store: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None],
                            new_pool: Callable[[int], torch.Tensor], score: ScoreFn, select: SelectFn,
                            quantize_q: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                           device: torch.device, topk: int = 512) -> dict[str, object]:
+                           device: torch.device, topk: int = 512) -> dict[str, Any]:
     """The platform's scorer, then its top-k, on :func:`scorer_hazard_case` with a poisoned
     allocator; selection against the fp64 oracle over the keys as stored."""
     case = scorer_hazard_case(device)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from . import formats as F
+from verify.core import formats as F
+
 from .backend import QueryInputs
 from .generator import Problem
 from .replay_format import Capture
@@ -49,7 +51,7 @@ def load_problem(
 ) -> tuple[Problem, dict[str, tuple[str, torch.Tensor]], str]:
     """Returns (problem, preset pools ``{"captured": (fmt, pool)}``, description of reference keys)."""
     keys, ref_desc = reference_keys(cap, device)
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     seq_l, topk_l, qidx_l, needle_l, pt_rows = [], [], [], [], []
     for r in range(cap.rows):
         seq_len = int(cap.seq_lens[r])
@@ -92,7 +94,7 @@ def load_problem(
     if q_ref is None or w_ref is None:
         q_ref, w_ref = None, None
     problem = Problem(
-        length_tokens=max((int(r["length_tokens"]) for r in rows), default=0),  # type: ignore[arg-type]
+        length_tokens=max((int(r["length_tokens"]) for r in rows), default=0),
         n_keys=max(seq_l, default=0),
         keys_ref=keys,
         written_slots=torch.arange(keys.shape[0], device=device),

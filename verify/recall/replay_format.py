@@ -1,8 +1,8 @@
 """Writer and reader of indexer captures (``dsv4-indexer-capture`` v1); see REPLAY.md.
 
-Importable with torch and the standard library only. The capture patch
-(``indexer-capture.patch``) writes the same format from inside SGLang with its own small
-writer (a deployment has no ``verify`` package); this module is the reference reader.
+Importable with torch and ``verify.core`` only (its fp4 decoding is the format emulation's). The
+capture patch (``indexer-capture.patch``) writes the same format from inside SGLang with its own
+small writer (a deployment has no ``verify`` package); this module is the reference reader.
 
 fp4 captures (an upstream fp4 indexer server, 68-B pages and fp4 q) are a compatible v1
 addition: readers before it reject them by ``index_k_format``. :func:`read_capture` decodes
@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from verify.core.formats import fp4_decode
 
 FORMAT = "dsv4-indexer-capture"
 VERSION = 1
@@ -24,8 +27,6 @@ HEAD_DIM = 128
 SLOT_BYTES = {"fp8": HEAD_DIM + 4, "bf16": HEAD_DIM * 2, "fp4": HEAD_DIM // 2 + 4}
 FP4_Q_DTYPE = "float4_e2m1fn_x2"  # q as packed e2m1 codes (uint8 [R, H, 64]) + q_scale_ue8m0
 FP4_BLOCK = 32  # values per ue8m0 scale byte (keys and q)
-# e2m1 code -> value; bit 3 is the sign, low nibble of a byte = the even dim
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 MetaValue = str | int | float | bool | None
 
 
@@ -124,7 +125,7 @@ def write_capture(
     pages, table, ref = index_k_pages, page_table, k_ref
     if compact:
         pages, table, ref = compact_pages(index_k_pages, page_table, seq_lens, k_ref)
-    payload: dict[str, object] = {
+    payload: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "index_k_format": index_k_format,
@@ -158,7 +159,7 @@ def write_capture(
     return path
 
 
-def _from_payload(p: dict[str, object]) -> Capture:
+def _from_payload(p: dict[str, Any]) -> Capture:
     q = p["q"]
     assert isinstance(q, torch.Tensor)
     if p.get("q_dtype") == "float8_e4m3fn":
@@ -166,19 +167,19 @@ def _from_payload(p: dict[str, object]) -> Capture:
     return Capture(
         index_k_format=str(p["index_k_format"]),
         q=q,
-        weights=p["weights"],  # type: ignore[arg-type]
-        index_k_pages=p["index_k_pages"],  # type: ignore[arg-type]
-        page_table=p["page_table"],  # type: ignore[arg-type]
-        seq_lens=p["seq_lens"],  # type: ignore[arg-type]
-        index_topk=int(p["index_topk"]),  # type: ignore[arg-type]
-        page_size=int(p.get("page_size", PAGE_SIZE)),  # type: ignore[arg-type]
-        metadata=dict(p.get("metadata") or {}),  # type: ignore[call-overload]
-        needle_pos=p.get("needle_pos"),  # type: ignore[arg-type]
-        k_ref=p.get("k_ref"),  # type: ignore[arg-type]
-        q_ref=p.get("q_ref"),  # type: ignore[arg-type]
-        weights_ref=p.get("weights_ref"),  # type: ignore[arg-type]
-        row_tokens=p.get("row_tokens"),  # type: ignore[arg-type]
-        q_scale_ue8m0=p.get("q_scale_ue8m0"),  # type: ignore[arg-type]
+        weights=p["weights"],
+        index_k_pages=p["index_k_pages"],
+        page_table=p["page_table"],
+        seq_lens=p["seq_lens"],
+        index_topk=int(p["index_topk"]),
+        page_size=int(p.get("page_size", PAGE_SIZE)),
+        metadata=dict(p.get("metadata") or {}),
+        needle_pos=p.get("needle_pos"),
+        k_ref=p.get("k_ref"),
+        q_ref=p.get("q_ref"),
+        weights_ref=p.get("weights_ref"),
+        row_tokens=p.get("row_tokens"),
+        q_scale_ue8m0=p.get("q_scale_ue8m0"),
     )
 
 
@@ -256,16 +257,6 @@ def read_capture(
 # ---------------------------------------------------------------------------------------------
 # fp4 (e2m1 + one ue8m0 exponent per 32 values): upstream's fp4 indexer, 68 B per key
 # ---------------------------------------------------------------------------------------------
-
-
-def fp4_decode(codes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """Packed e2m1 ``[..., D/2]`` (low nibble = even dim) and ue8m0 exponents ``[..., D/32]``
-    (value ``2^(e - 127)``) -> fp32 ``[..., D]``, exactly."""
-    u = codes.view(torch.uint8)
-    nibbles = torch.stack([u & 0x0F, u >> 4], dim=-1).flatten(-2).long()
-    values = torch.tensor(E2M1_VALUES, device=u.device)[nibbles]
-    scale = torch.exp2(exponents.to(torch.float32) - 127.0).repeat_interleave(FP4_BLOCK, dim=-1)
-    return values * scale
 
 
 def fp4_pages_to_bf16(pages: torch.Tensor) -> torch.Tensor:

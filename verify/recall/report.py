@@ -7,9 +7,11 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from verify.core.metrics import aggregate
 
 from .gate import GateResult
-from .metrics import aggregate
 
 CSV_FIELDS = (
     "source",
@@ -61,15 +63,15 @@ def _clean(obj: object) -> object:
     return obj
 
 
-def depth_label(d: object) -> str:
-    return "n/a" if d is None else f"{float(d) * 100:g}%"  # type: ignore[arg-type]
+def depth_label(d: Any) -> str:
+    return "n/a" if d is None else f"{float(d) * 100:g}%"
 
 
-def write_json(path: Path, payload: Mapping[str, object]) -> None:
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(_clean(dict(payload)), indent=1, sort_keys=False) + "\n")
 
 
-def write_csv(path: Path, rows: Sequence[Mapping[str, object]], fields: Sequence[str]) -> None:
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> None:
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(fields), extrasaction="ignore")
         w.writeheader()
@@ -77,18 +79,18 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, object]], fields: Sequence
             w.writerow({k: r.get(k) for k in fields})
 
 
-def flat_cells(cells: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
-    out: list[dict[str, object]] = []
+def flat_cells(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for c in cells:
-        row: dict[str, object] = {k: v for k, v in c.items() if not isinstance(v, dict)}
+        row: dict[str, Any] = {k: v for k, v in c.items() if not isinstance(v, dict)}
         for m in ("recall_tie", "recall_strict", "mass"):
             for stat in ("mean", "p1", "min"):
-                row[f"{m}_{stat}"] = c[m][stat]  # type: ignore[index]
+                row[f"{m}_{stat}"] = c[m][stat]
         out.append(row)
     return out
 
 
-def heatmaps(out: Path, cells: Sequence[Mapping[str, object]], arms: Sequence[str]) -> list[str]:
+def heatmaps(out: Path, cells: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[str]:
     """One PNG per arm: mean tie-aware recall per (length x depth), a panel per index_topk; cells
     where a gated needle was missed are marked with a red x and the miss count. Without matplotlib
     (the GPU machine may lack it) nothing is drawn: ``python -m verify.recall.report DIR`` draws
@@ -101,10 +103,10 @@ def heatmaps(out: Path, cells: Sequence[Mapping[str, object]], arms: Sequence[st
     except ImportError:
         return []
 
-    lengths = sorted({int(c["length_tokens"]) for c in cells})  # type: ignore[arg-type]
-    depths = sorted({c["depth"] for c in cells}, key=lambda d: -1.0 if d is None else float(d))  # type: ignore[arg-type]
-    topks = sorted({int(c["topk"]) for c in cells})  # type: ignore[arg-type]
-    means = [float(c["recall_tie"]["mean"]) for c in cells]  # type: ignore[index]
+    lengths = sorted({int(c["length_tokens"]) for c in cells})
+    depths = sorted({c["depth"] for c in cells}, key=lambda d: -1.0 if d is None else float(d))
+    topks = sorted({int(c["topk"]) for c in cells})
+    means = [float(c["recall_tie"]["mean"]) for c in cells]
     vmin = min([0.9] + [m for m in means if not math.isnan(m)])
     vmin = math.floor(vmin * 100) / 100
     files: list[str] = []
@@ -117,12 +119,12 @@ def heatmaps(out: Path, cells: Sequence[Mapping[str, object]], arms: Sequence[st
             grid = [[math.nan] * len(depths) for _ in lengths]
             miss = [[0] * len(depths) for _ in lengths]
             for c in cells:
-                if c["arm"] != arm or int(c["topk"]) != topk:  # type: ignore[arg-type]
+                if c["arm"] != arm or int(c["topk"]) != topk:
                     continue
-                i = lengths.index(int(c["length_tokens"]))  # type: ignore[arg-type]
+                i = lengths.index(int(c["length_tokens"]))
                 j = depths.index(c["depth"])
-                grid[i][j] = float(c["recall_tie"]["mean"])  # type: ignore[index]
-                miss[i][j] = int(c["gated_needles"]) - int(c["gated_hits"])  # type: ignore[arg-type]
+                grid[i][j] = float(c["recall_tie"]["mean"])
+                miss[i][j] = int(c["gated_needles"]) - int(c["gated_hits"])
             im = ax.imshow(grid, vmin=vmin, vmax=1.0, cmap="viridis", aspect="auto")
             for i in range(len(lengths)):
                 for j in range(len(depths)):
@@ -145,16 +147,16 @@ def heatmaps(out: Path, cells: Sequence[Mapping[str, object]], arms: Sequence[st
     return files
 
 
-def _fmt(x: object, nd: int = 4) -> str:
+def _fmt(x: Any, nd: int = 4) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
-    return f"{float(x):.{nd}f}"  # type: ignore[arg-type]
+    return f"{float(x):.{nd}f}"
 
 
 def summary_markdown(
-    meta: Mapping[str, object],
-    per_length: Sequence[Mapping[str, object]],
-    per_depth: Sequence[Mapping[str, object]],
+    meta: Mapping[str, Any],
+    per_length: Sequence[Mapping[str, Any]],
+    per_depth: Sequence[Mapping[str, Any]],
     arms: Sequence[str],
     gate: GateResult,
     diagnosis_line: str | None,
@@ -188,7 +190,7 @@ def summary_markdown(
         lines.append(f"**{diagnosis_line}**\n")
         lines.extend(diagnosis_details)
         lines.append("\nNumbers per check are under `diagnosis` in results.json.\n")
-    topks = sorted({int(e["topk"]) for e in per_length})  # type: ignore[arg-type]
+    topks = sorted({int(e["topk"]) for e in per_length})
     by = {(e["arm"], e["topk"], e["length_tokens"]): e for e in per_length}
     for topk in topks:
         lines.append(f"## Per length, index_topk={topk}\n")
@@ -198,12 +200,12 @@ def summary_markdown(
         ) + " |"
         lines.append(head)
         lines.append("|" + "---|" * (3 + 2 * len(arms)))
-        lengths = sorted({int(e["length_tokens"]) for e in per_length if int(e["topk"]) == topk})  # type: ignore[arg-type]
+        lengths = sorted({int(e["length_tokens"]) for e in per_length if int(e["topk"]) == topk})
         for n in lengths:
             ents = [by.get((a, topk, n)) for a in arms]
             first = next(e for e in ents if e is not None)
             rec = " | ".join(
-                "-" if e is None else f"{_fmt(e['recall_tie']['mean'])} / {_fmt(e['recall_tie']['p1'])} / {_fmt(e['recall_tie']['min'])}"  # type: ignore[index]
+                "-" if e is None else f"{_fmt(e['recall_tie']['mean'])} / {_fmt(e['recall_tie']['p1'])} / {_fmt(e['recall_tie']['min'])}"
                 for e in ents
             )
             lb, lf = by.get(("bf16", topk, n)), by.get(("fp8", topk, n))
@@ -219,18 +221,18 @@ def summary_markdown(
         if any("recall_tie_unq" in e for e in per_length):
             lines.extend(oracle_table(by, arms, topk, lengths))
     lines.append("## Per depth (all lengths), mean tie-aware recall\n")
-    depths = sorted({e["depth"] for e in per_depth}, key=lambda d: -1.0 if d is None else float(d))  # type: ignore[arg-type]
+    depths = sorted({e["depth"] for e in per_depth}, key=lambda d: -1.0 if d is None else float(d))
     byd = {(e["arm"], e["topk"], e["depth"]): e for e in per_depth}
     lines.append("| depth | " + " | ".join(f"{a} top-{t}" for t in topks for a in arms) + " |")
     lines.append("|" + "---|" * (1 + len(arms) * len(topks)))
     for d in depths:
         vals = [byd.get((a, t, d)) for t in topks for a in arms]
         lines.append(
-            f"| {depth_label(d)} | " + " | ".join("-" if e is None else _fmt(e["recall_tie"]["mean"]) for e in vals) + " |"  # type: ignore[index]
+            f"| {depth_label(d)} | " + " | ".join("-" if e is None else _fmt(e["recall_tie"]["mean"]) for e in vals) + " |"
         )
     lines.append("")
     lines.append("## Paths used\n")
-    for k, v in dict(meta.get("paths", {})).items():  # type: ignore[call-overload]
+    for k, v in dict(meta.get("paths", {})).items():
         lines.append(f"- `{k}`: {v}")
     lines.append("")
     lines.append("Files: " + ", ".join(f"`{f}`" for f in files) + "\n")
@@ -244,12 +246,12 @@ ORACLES_NOTE = (
 )
 
 
-def _mean(e: Mapping[str, object] | None, metric: str) -> object:
+def _mean(e: Mapping[str, Any] | None, metric: str) -> object:
     m = None if e is None else e.get(metric)
     return m["mean"] if isinstance(m, dict) else None
 
 
-def oracle_table(by: Mapping[tuple, Mapping[str, object]], arms: Sequence[str], topk: int, lengths: Sequence[int]) -> list[str]:
+def oracle_table(by: Mapping[tuple, Mapping[str, Any]], arms: Sequence[str], topk: int, lengths: Sequence[int]) -> list[str]:
     """Per length, each arm's mean tie-aware recall against each oracle, and (where the records
     carry the reference oracle) the reference's own selection against the other two."""
     has_ref = any(_mean(by.get((a, topk, n)), "recall_tie_ref") is not None for a in arms for n in lengths)
@@ -269,14 +271,14 @@ def oracle_table(by: Mapping[tuple, Mapping[str, object]], arms: Sequence[str], 
     return [*lines, "", ORACLES_NOTE, ""]
 
 
-def per_length_with_sizes(records: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+def per_length_with_sizes(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     per_length = aggregate(records, ["topk", "length_tokens"])
     sizes: dict[int, int] = {}
     for r in records:
-        n = int(r["length_tokens"])  # type: ignore[arg-type]
-        sizes[n] = max(sizes.get(n, 0), int(r["n_keys"]))  # type: ignore[arg-type]
+        n = int(r["length_tokens"])
+        sizes[n] = max(sizes.get(n, 0), int(r["n_keys"]))
     for e in per_length:
-        e["n_keys_max"] = sizes.get(int(e["length_tokens"]), 0)  # type: ignore[arg-type]
+        e["n_keys_max"] = sizes.get(int(e["length_tokens"]), 0)
     return per_length
 
 

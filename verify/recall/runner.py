@@ -5,7 +5,7 @@ Arms (all but ``bf16q`` and ``fp4`` use the production fp8 q, so only key storag
 * ``bf16``: keys through the bf16 store, scored by the bf16 scorer (the series);
 * ``fp8``: keys through upstream's fp8 store, scored by the fp8 scorer (upstream default);
 * ``fp4``: upstream's own fp4 C4 indexer (``--enable-deepseek-v4-fp4-indexer``): its fp4 q and
-  its 68-B fp4 keys, both rounded by its thresholds (:func:`verify.recall.formats.
+  its 68-B fp4 keys, both rounded by its thresholds (:func:`verify.core.formats.
   fp4_upstream_codes`), scored in fp32 as DeepGEMM's ``fp8_fp4_paged_mqa_logits`` would --
   emulated on every backend: that kernel exists for SM100 only, none for Hopper, and upstream
   refuses the flag below SM100 (``serving_hook.py``);
@@ -22,7 +22,7 @@ Oracles: the *same-q* oracle scores the unrounded keys with the production fp8 q
 every arm but ``bf16q`` / ``fp4`` uses that q, so it isolates what key storage costs
 (``recall_tie``, the gate's oracle); the *exact-q* oracle uses the unquantized fp32 q (``*_unq``
 fields): what a user gets against exact scores; the *reference* oracle is DeepSeek's own
-indexer numerics, fp4 q x fp4 keys (:mod:`verify.recall.deepseek_reference`, ``*_ref`` fields):
+indexer numerics, fp4 q x fp4 keys (:mod:`verify.core.deepseek_reference`, ``*_ref`` fields):
 the selection the model was trained with. Each arm's overlap with each is a tie-aware recall;
 ``ref_recall_tie`` / ``ref_recall_tie_unq`` are the reference selection's own against the
 same-q / exact-q oracles. None of them is model quality.
@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from . import formats as F
-from .backend import Backend, EmulationBackend, QueryInputs, torch_select
-from .deepseek_reference import ReferenceIndexer
+from verify.core import formats as F
+from verify.core.deepseek_reference import ReferenceIndexer
+from verify.core.metrics import row_metrics
+from verify.core.scoring import SlotKeys, grouped_row_logits, torch_select
+
+from .backend import Backend, EmulationBackend, QueryInputs
 from .generator import Problem
-from .metrics import row_metrics
-from .scoring import SlotKeys, grouped_row_logits
 
 ARM_FORMAT: dict[str, str] = {"bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "fp4sim": "bf16", "fp8_emul": "fp8",
                               "bf16q": "bf16", "int8sim": "f32", "fp8b32sim": "bf16"}
@@ -130,7 +132,7 @@ def run_problem(
     control: EmulationBackend | None = None,
     budget_bytes: int = 1 << 30,
     preset: dict[str, tuple[str, torch.Tensor]] | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Returns ``{"records": [...], "timing": {...}, "canary": {...}}``; one record per (row, arm).
 
     ``preset`` maps extra arms to ready pools ``(format, pool)`` scored as they are (replay's
@@ -150,13 +152,13 @@ def run_problem(
     q_deq = problem.q_fp8.float()
     qi = problem.queries
     has_unq = qi.q_rot is not None and qi.w_raw is not None
-    w_unq = qi.w_raw.float() * qi.weight_scale if has_unq else None  # type: ignore[union-attr]
+    w_unq = qi.w_raw.float() * qi.weight_scale if has_unq and qi.w_raw is not None else None
     arms = [a for a in arms if a not in UNQ_Q_ARMS or has_unq]
     queries = {arm: arm_query(arm, problem.q_fp8, problem.w, qi) for arm in arms}
     t1 = time.perf_counter()
     reference = ReferenceIndexer.of(problem.keys_ref) if has_unq else None
     t_oracle = time.perf_counter() - t1
-    records: list[dict[str, object]] = []
+    records: list[dict[str, Any]] = []
     t_score = 0.0
     for rows in batch_rows(problem, budget_bytes):
         qidx = problem.q_index[rows]
@@ -164,9 +166,9 @@ def run_problem(
         pt = problem.page_table[rows]
         t1 = time.perf_counter()
         oracle = grouped_row_logits(ref, q_deq, problem.w, qidx, pt, seq)
-        oracle_unq = grouped_row_logits(ref, qi.q_rot, w_unq, qidx, pt, seq) if has_unq else None  # type: ignore[arg-type]
+        oracle_unq = grouped_row_logits(ref, qi.q_rot, w_unq, qidx, pt, seq) if has_unq else None
         oracle_ref, ref_sel = (
-            reference.select(qi.q_rot, w_unq, qidx, pt, seq, problem.topk[rows])  # type: ignore[arg-type]
+            reference.select(qi.q_rot, w_unq, qidx, pt, seq, problem.topk[rows])
             if reference is not None else (None, None)
         )
         sync(oracle.device)
@@ -200,17 +202,17 @@ def run_problem(
                 m = row_metrics(o_sub, seq[sub], topk, sels[arm], needle)
                 if oracle_unq is not None:
                     m["recall_tie_unq"] = row_metrics(oracle_unq[sub], seq[sub], topk, sels[arm])["recall_tie"]
-                    m["q_quant_recall"] = q_quant  # type: ignore[assignment]
+                    m["q_quant_recall"] = q_quant
                 if oracle_ref is not None:
                     m["recall_tie_ref"] = row_metrics(oracle_ref[sub], seq[sub], topk, sels[arm])["recall_tie"]
-                    m["ref_recall_tie"] = ref_same  # type: ignore[assignment]
-                    m["ref_recall_tie_unq"] = ref_unq  # type: ignore[assignment]
+                    m["ref_recall_tie"] = ref_same
+                    m["ref_recall_tie_unq"] = ref_unq
                 if bf16_sel is not None:
                     m["agree_bf16"] = _agreement(sels[arm], bf16_sel, m["k"])
                 cols = {name: t.detach().cpu().tolist() for name, t in m.items() if t is not None}
                 for j, r in enumerate(r_ids.tolist()):
                     meta = problem.rows[r]
-                    rec: dict[str, object] = {f: meta.get(f) for f in ROW_FIELDS}
+                    rec: dict[str, Any] = {f: meta.get(f) for f in ROW_FIELDS}
                     rec["row"] = r
                     rec["arm"] = arm
                     rec["source"] = problem.source

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verify import platform as P
+from verify.core import platform as P
 
 
 @dataclass
@@ -104,7 +104,7 @@ def _component_verdicts(profile: str, diag: Any, paths: Mapping[str, str], forwa
     base = (forward or {}).get("baseline", {}).get(profile)
     fstatus = "not run" if fok is None else "pass" if fok else "fail"
     if base:
-        from verify.forward.checks import flag_off_status
+        from verify.core.forward_runs import flag_off_status
 
         bstatus, bdetail = flag_off_status(base)
         fev += f"; flag off vs unpatched tree: {bstatus}: {bdetail}"

@@ -35,7 +35,7 @@ class _Missing:
         raise RuntimeError(f"{self._name} is not installed here (import-time stub, see verify/gpu/import_stubs)")
 
 
-def _module_getattr(prefix: str):  # type: ignore[no-untyped-def]
+def _module_getattr(prefix: str):
     def __getattr__(name: str) -> _Missing:
         if name.startswith("__"):
             raise AttributeError(name)
@@ -57,8 +57,8 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = types.ModuleType(spec.name)
-        module.__path__ = []  # type: ignore[attr-defined]
-        module.__getattr__ = _module_getattr(spec.name)  # type: ignore[method-assign]
+        module.__path__ = []
+        module.__getattr__ = _module_getattr(spec.name)
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:

@@ -106,3 +106,21 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     if denom == 0:
         return 0.0
     return float(1.0 - 2.0 * (x * y).sum() / denom)
+
+
+def torch_select(logits: torch.Tensor, seq_lens: torch.Tensor, topk: int) -> torch.Tensor:
+    """Production selection semantics in torch (``topk_transform_paged_torch``'s contract):
+    k = min(topk, seq_len); rows with seq_len <= topk take 0..seq_len-1 (no scores read)."""
+    b, width = logits.shape
+    seq = seq_lens.long().unsqueeze(1)
+    pos = torch.arange(width, device=logits.device).unsqueeze(0)
+    masked = logits.masked_fill(pos >= seq, float("-inf"))
+    kk = min(topk, width)
+    idx = masked.topk(kk, dim=1, sorted=False).indices
+    if kk < topk:
+        idx = torch.cat([idx, idx.new_full((b, topk - kk), -1)], dim=1)
+    sequential = torch.arange(topk, device=logits.device).unsqueeze(0).expand(b, -1)
+    short = seq <= topk
+    out = torch.where(short, sequential, idx)
+    valid = torch.arange(topk, device=logits.device).unsqueeze(0) < seq.clamp(max=topk)
+    return torch.where(valid, out, torch.full_like(out, -1)).long()

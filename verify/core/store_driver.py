@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from verify.parity.store_cases import (
+from verify.core.store_cases import (
     COMPRESS_RATIO,
     DecodeCase,
     PrefillCase,
     key_index,
     rope_position,
 )
-from verify.parity.store_layout import (
+from verify.core.store_layout import (
     SLOTS_PER_PAGE,
     IndexKLayout,
     fill_canary,

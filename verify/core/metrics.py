@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -126,24 +127,24 @@ OPTIONAL_METRICS = ("recall_tie_unq", "recall_tie_ref", "ref_recall_tie", "ref_r
 
 
 def aggregate(
-    records: Sequence[Mapping[str, object]], keys: Sequence[str], arm_field: str = "arm"
-) -> list[dict[str, object]]:
+    records: Sequence[Mapping[str, Any]], keys: Sequence[str], arm_field: str = "arm"
+) -> list[dict[str, Any]]:
     """Group long-format records (one per row x arm) by ``(arm, *keys)`` and summarize each metric,
     the needle hit rate and the gated needle hits."""
-    groups: dict[tuple, list[Mapping[str, object]]] = {}
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
     for rec in records:
         groups.setdefault((rec[arm_field], *(rec[k] for k in keys)), []).append(rec)
-    out: list[dict[str, object]] = []
+    out: list[dict[str, Any]] = []
     for gkey in sorted(groups, key=lambda t: tuple(str(x) if not isinstance(x, (int, float)) else x for x in t)):
         recs = groups[gkey]
-        entry: dict[str, object] = {arm_field: gkey[0], **dict(zip(keys, gkey[1:])), "rows": len(recs)}
+        entry: dict[str, Any] = {arm_field: gkey[0], **dict(zip(keys, gkey[1:])), "rows": len(recs)}
         for m in METRICS:
-            entry[m] = summarize(float(r[m]) for r in recs)  # type: ignore[arg-type]
+            entry[m] = summarize(float(r[m]) for r in recs)
         for m in OPTIONAL_METRICS:
-            vals = [float(r[m]) for r in recs if r.get(m) is not None]  # type: ignore[arg-type]
+            vals = [float(r[m]) for r in recs if r.get(m) is not None]
             if vals:
                 entry[m] = summarize(vals)
-        entry["loss"] = 1.0 - entry["recall_tie"]["mean"]  # type: ignore[index]
+        entry["loss"] = 1.0 - entry["recall_tie"]["mean"]
         needles = [r for r in recs if r.get("needle_pos", -1) not in (-1, None)]
         entry["needles"] = len(needles)
         entry["needle_hits"] = int(sum(1 for r in needles if r["needle_hit"] == 1.0))

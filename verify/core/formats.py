@@ -295,6 +295,21 @@ def fp4_upstream_q(q_rot: torch.Tensor) -> torch.Tensor:
     return (fp4_code_values(fp4_upstream_codes(xb / scale)) * scale).flatten(-2)
 
 
+# e2m1 code -> value; bit 3 is the sign, low nibble of a byte = the even dim
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def fp4_decode(codes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+    """Packed e2m1 ``[..., D/2]`` (low nibble = even dim) and ue8m0 exponents ``[..., D/32]``
+    (value ``2^(e - 127)``) -> fp32 ``[..., D]``, exactly."""
+    u = codes.view(torch.uint8)
+    nibbles = torch.stack([u & 0x0F, u >> 4], dim=-1).flatten(-2).long()
+    values = torch.tensor(E2M1_VALUES, device=u.device)[nibbles]
+    scale = torch.exp2(exponents.to(torch.float32) - 127.0).repeat_interleave(FP4_BLOCK, dim=-1)
+    return values * scale
+
+
+
 def fp4_pack(codes: torch.Tensor) -> torch.Tensor:
     """Codes ``[n, 128]`` -> bytes ``[n, 64]``: element 2i in the low nibble of byte i, 2i+1 high."""
     return (codes[:, 0::2] & 0x0F) | ((codes[:, 1::2] & 0x0F) << 4)
@@ -319,8 +334,6 @@ def fp4_store(pool: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> No
 
 def fp4_read(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Key values fp32 ``[n, 128]`` of ``slots`` from a 68-B fp4 pool (the scorer's view)."""
-    from .replay_format import fp4_decode
-
     page, off = _slot_page_offset(slots)
     ar_v = torch.arange(FP4_PAYLOAD_BYTES, device=pool.device)
     ar_s = torch.arange(4, device=pool.device)

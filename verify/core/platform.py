@@ -6,28 +6,25 @@ Upstream picks the fp8 C4 path per GPU in two places: the DeepSeek-V4 branch of 
 ``forward_c4_indexer`` (which reads those and the platform to pick the scorer, the top-k and the
 metadata). A profile never copies those decisions: :func:`applied` forces the platform facts with
 upstream's own ``override_platform``, runs upstream's hook on a DeepSeek-V4 config with them, and
-leaves the resulting environment in place; :mod:`verify.forward` then runs upstream's real
-``forward_c4_indexer`` under it and records, with spies, which function each step called.
-
-This module is also the one place that says which production function runs on the local machine
-for a profile and how it is loaded (:func:`load`): the tiers, the diagnosis and the bench take
-upstream's functions from here.
+leaves the resulting environment in place; :mod:`verify.core.probe` and the forward tier then run
+upstream's real ``forward_c4_indexer`` under it and record, with spies, which function each step
+called. Upstream's functions themselves are loaded by :mod:`verify.core.upstream`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import json
 import os
-import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from verify.core.upstream import FUNCTIONS
 
 PROFILE_NAMES = ("sm90", "sm100", "sm120", "hip")
 
@@ -239,7 +236,7 @@ def _profile_shared_memory(name: str) -> tuple[Callable[[], None], list[str]]:
     notes: list[str] = []
     for role, what in (("score_bf16", "the bf16 kernel's"), ("score_bf16_prefill", "the bf16 prefill kernel's")):
         try:
-            module = importlib.import_module(FUNCTIONS[role][0])  # the package the dispatch imports
+            module: Any = importlib.import_module(FUNCTIONS[role].module)  # the package the dispatch imports
         except Exception:  # noqa: BLE001, S112 -- no such kernel in this tree (unpatched, older series)
             continue
         lookup = getattr(module, "_shared_memory", None)
@@ -266,162 +263,14 @@ def _profile_shared_memory(name: str) -> tuple[Callable[[], None], list[str]]:
     return undo_all, notes
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading upstream's functions (the one place that does)
-# ---------------------------------------------------------------------------------------------
+def force_mma_sync_lowering() -> str:
+    """Build upstream's TileLang fp8 paged-logits kernel with ``TL_DISABLE_WGMMA`` from now on: on a
+    GPU other than an sm_120, the closest it gets to the kernel sm_120 runs (TileLang 0.1.12 emits
+    byte-identical CUDA for the two, :mod:`verify.recall.sm120` checks it)."""
+    import sglang.kernels.ops.attention.dsa.tilelang_kernel as tk
+    import tilelang
 
-
-@dataclass
-class Found:
-    obj: Any
-    name: str
-
-
-@dataclass
-class Missing:
-    reason: str
-
-
-Loaded = Found | Missing
-
-
-def short_error(exc: BaseException) -> str:
-    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-    where = f" ({Path(last[0].filename).name}:{last[0].lineno})" if last else ""
-    return " ".join(f"{type(exc).__name__}: {exc}{where}".split())[:300]
-
-
-def import_attr(module: str, attr: str) -> Loaded:
-    """``module.attr`` from the tree on sys.path, or why not."""
-    try:
-        mod = importlib.import_module(module)
-    except BaseException as exc:  # noqa: BLE001 -- any import failure is reported, not raised
-        return Missing(f"import {module} failed: {short_error(exc)}")
-    if not hasattr(mod, attr):
-        return Missing(f"{module} has no {attr} (series patch missing?)")
-    return Found(getattr(mod, attr), f"{module}.{attr}")
-
-
-# Every production function the C4 indexer path can call, by role. The tiers ask for a role; the
-# dispatch probe (verify.forward.probe) spies on exactly these names in upstream's modules.
-FUNCTIONS: dict[str, tuple[str, str]] = {
-    "q": ("sglang.kernels.ops.attention.dsv4.elementwise", "fused_q_indexer_rope_hadamard_quant"),
-    "store_fp8": ("sglang.kernels.ops.attention.dsv4.attn", "fused_store_cache"),
-    "compress": ("sglang.kernels.ops.attention.dsv4.compress", "compress_forward"),
-    "compress_store": ("sglang.kernels.ops.attention.dsv4.compress", "compress_norm_rope_store"),
-    "score_bf16": ("sglang.kernels.ops.attention.dsv4.bf16_index_logits", "bf16_paged_mqa_logits"),
-    "score_bf16_prefill": ("sglang.kernels.ops.attention.dsv4.bf16_mqa_logits", "bf16_mqa_logits"),
-    "score_tilelang": ("sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits"),
-    "score_torch": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch"),
-    "score_torch_sm120": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch_sm120"),
-    "score_aiter": ("sglang.srt.layers.attention.dsv4.indexer", "_aiter_fp8_paged_mqa_logits"),
-    "score_deepgemm": ("deep_gemm", "fp8_paged_mqa_logits"),
-    "score_twin": ("verify.bench.fp8_twin", "fp8_paged_mqa_logits_twin"),
-    "topk_v1": ("sglang.kernels.ops.attention.dsv4.topk", "topk_transform_paged"),
-    "topk_v2": ("sglang.kernels.ops.attention.dsv4", "topk_transform_paged_v2"),
-    "topk_v2_plan": ("sglang.kernels.ops.attention.dsv4", "plan_topk_v2"),
-    "metadata_jit": ("sglang.kernels.ops.attention.dsv4.attn", "get_paged_mqa_logits_metadata"),
-}
-
-
-def load(role: str) -> Loaded:
-    """The production function for ``role`` (see :data:`FUNCTIONS`), imported from the tree on
-    sys.path; the torch scorers fall back to their own source text when the indexer module does
-    not import (the GPU machine has no ``sgl_kernel``)."""
-    module, attr = FUNCTIONS[role]
-    got = import_attr(module, attr)
-    if isinstance(got, Missing) and module == "sglang.srt.layers.attention.dsv4.indexer":
-        return _indexer_function_from_source(attr, f"module import failed: {got.reason}")
-    return got
-
-
-def load_module(role: str) -> tuple[Any, str]:
-    """The module holding ``role``'s function (see :data:`FUNCTIONS`) and how it was reached: by
-    package import, else -- for a self-contained module such as patch 4's kernel (torch + triton
-    only) -- loaded as a standalone file from the tree on sys.path, since sglang's ``__init__``
-    chain fails on machines without ``sgl_kernel``. Raises :class:`ProfileError` when neither
-    route works."""
-    module, _ = FUNCTIONS[role]
-    try:
-        return importlib.import_module(module), "package import"
-    except BaseException as exc:  # noqa: BLE001 -- the chain can fail in many ways
-        first_error = short_error(exc)
-    relative = module.replace(".", "/") + ".py"
-    path = next((Path(e or ".") / relative for e in sys.path if (Path(e or ".") / relative).is_file()), None)
-    if path is None:
-        raise ProfileError(f"{relative} not found on sys.path; put the patched upstream's python/ on PYTHONPATH "
-                           f"(package import failed: {first_error})")
-    name = "_verify_" + module.rsplit(".", 1)[-1]
-    route = f"standalone file {path} (package import failed: {first_error})"
-    if name in sys.modules:
-        return sys.modules[name], route
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod, route
-
-
-def sglang_root() -> Path | None:
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _indexer_function_from_source(attr: str, why: str, root: Path | None = None) -> Loaded:
-    """Compile one top-level function of upstream's ``indexer.py`` from its own source text, for
-    machines where the module's imports fail for reasons unrelated to it (or from the tree at
-    ``root``, a ``.../python/sglang`` directory). Nothing is copied into this repository: the
-    text is read from the tree at run time."""
-    import __future__
-
-    import ast
-
-    import torch
-
-    root = root or sglang_root()
-    if root is None:
-        return Missing(why)
-    path = root / "srt/layers/attention/dsv4/indexer.py"
-    namespace: dict[str, Any] = {
-        "torch": torch,
-        "F": torch.nn.functional,
-        "Any": Any,
-        # the module picks fnuz only on gfx942 ROCm; every CUDA device uses e4m3fn
-        "FP8_DTYPE": torch.float8_e4m3fn,
-        "_arange_cache": {},
-    }
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == attr)
-        code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec",
-                       flags=__future__.annotations.compiler_flag)
-        exec(code, namespace)  # noqa: S102 -- upstream's own source, by design
-    except BaseException as exc:  # noqa: BLE001
-        return Missing(f"{why}; source route failed: {short_error(exc)}")
-    namespace[attr].__globals__.setdefault(attr, namespace[attr])  # recursive chunking calls itself
-    return Found(namespace[attr], f"{path.relative_to(root.parent)}::{attr} (from source: {why})")
-
-
-def indexer_function_from_tree(attr: str, root: Path) -> Loaded:
-    """A top-level function of ``root``'s ``srt/layers/attention/dsv4/indexer.py``, from source."""
-    return _indexer_function_from_source(attr, f"the tree at {root}", root)
-
-
-def call_guarded(fn: Callable[[], Any]) -> tuple[Any, str | None]:
-    """Run ``fn``; return (result, None) or (None, the error in one line)."""
-    try:
-        return fn(), None
-    except BaseException as exc:  # noqa: BLE001
-        return None, short_error(exc)
-
-
-def module_available(name: str) -> bool:
-    if name in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+    tk.pass_configs[tilelang.PassConfigKey.TL_DISABLE_WGMMA] = True
+    tk.fp8_paged_mqa_logits_kernel.cache_clear()
+    return ("TileLang fp8_paged_mqa_logits built with TL_DISABLE_WGMMA: sm_90 takes the mma.sync + ldmatrix "
+            "lowering whose CUDA source is byte-identical to TileLang's sm_120 source (checked in this run)")

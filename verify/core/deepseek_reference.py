@@ -13,7 +13,7 @@ What the reference does in the C4 indexer (DeepSeek-V4 ``inference/model.py``):
   could also use fp8 format, though current implementation uses bf16".
 
 So bf16 is the reference's *container*; the precision of its q and keys is fp4 (e2m1, one
-power-of-two scale per 32 values, round to nearest even: :func:`verify.recall.formats.fp4_sim`).
+power-of-two scale per 32 values, round to nearest even: :func:`verify.core.formats.fp4_sim`).
 The inputs here are already RoPE'd and Hadamard-rotated (tier 2's generator applies
 ``rope_hadamard``; the forward tier's ``reference_keys`` / ``reference_q`` end with the same
 transform), so only the bf16 container and the fp4 rounding remain to apply.
@@ -33,8 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from . import formats as F
-from .backend import torch_select
-from .scoring import SlotKeys, grouped_row_logits
+from .scoring import SlotKeys, grouped_row_logits, torch_select
 
 REFERENCE = "reference oracle: DeepSeek's inference/model.py numerics (fp4 q x fp4 k in a bf16 container)"
 
@@ -69,7 +68,7 @@ class ReferenceIndexer:
         """The reference's scores ``[B, P*64]`` (-inf past each row's length) and selection
         ``[B, max(topk)]`` (-1 padded; row r keeps ``min(topk[r], seq_len[r])`` keys) for rows
         reading their keys through ``page_table``; ``q_rot`` / ``w`` are per query, ``q_index``
-        maps rows to queries, as :func:`verify.recall.scoring.grouped_row_logits` takes them."""
+        maps rows to queries, as :func:`verify.core.scoring.grouped_row_logits` takes them."""
         q, wq = reference_query(q_rot, w)
         scores = grouped_row_logits(self.keys, q, wq, q_index, page_table, seq_lens)
         width = int(topk.max())
@@ -94,9 +93,9 @@ def pad_to_pages(keys: torch.Tensor) -> torch.Tensor:
 
 
 def fp4_rule_differences(q_rot: torch.Tensor, keys: torch.Tensor) -> dict[str, float]:
-    """Fraction of q and key values that upstream's fp4 quantizers (:func:`verify.recall.formats.
-    fp4_upstream_q`, :func:`~verify.recall.formats.fp4_upstream_quantize_keys`) round to another
-    value than the reference's (:func:`~verify.recall.formats.fp4_reference`) on the same inputs."""
+    """Fraction of q and key values that upstream's fp4 quantizers (:func:`verify.core.formats.
+    fp4_upstream_q`, :func:`~verify.core.formats.fp4_upstream_quantize_keys`) round to another
+    value than the reference's (:func:`~verify.core.formats.fp4_reference`) on the same inputs."""
     q_up = F.fp4_upstream_q(q_rot)
     codes, exps = F.fp4_upstream_quantize_keys(keys)
     scale = (exps.to(torch.int32) << 23).view(torch.float32).repeat_interleave(F.FP4_BLOCK, dim=-1)

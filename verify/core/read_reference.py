@@ -11,7 +11,6 @@
   of the fp8 twin baseline.
 - ``naive_gather_logits``: the gather-then-bmm baseline (what upstream's torch fallbacks do),
   and ``gather_peak_bytes``, its memory, to skip sizes that cannot fit.
-- ``calc_diff``: DeepGEMM's ``1 - 2 sum(xy) / sum(x^2 + y^2)``.
 - ``make_group_case`` / ``verify_lengths``: MTP verify rows, groups of rows sharing one page
   table with rising lengths (the kernel's ``group_rows`` mode); ``tiles_end``: where a row's
   last key tile ends (what ``clean_logits=False`` writes up to).
@@ -20,11 +19,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
-
-# DeepGEMM's similarity metric, one definition for both tiers (re-exported for the parity and bench code)
-from verify.recall.scoring import calc_diff  # noqa: F401 - re-exported
 
 PAGE = 64
 DIM = 128
@@ -135,13 +132,13 @@ def verify_lengths(finals: list[int], next_n: int) -> list[int]:
 
 
 def make_group_case(
-    lengths: list[int], group_rows: int, *, poison_others: bool = True, **kw: object
+    lengths: list[int], group_rows: int, *, poison_others: bool = True, **kw: Any
 ) -> tuple[ReadCase, ReadCase]:
     """Rows in consecutive groups of ``group_rows`` (the last may be partial) that share the
     page table of the group's longest row. Returns (the kernel's inputs, where with
     ``poison_others`` every row but a group's first has a table of the NaN page only, so a
     kernel reading any table but the first poisons that row; the oracle's inputs)."""
-    case = make_read_case(lengths, **kw)  # type: ignore[arg-type]
+    case = make_read_case(lengths, **kw)
     table = case.page_table.clone()
     for start in range(0, case.rows, group_rows):
         group = lengths[start : start + group_rows]

@@ -1,5 +1,5 @@
 """Forward-tier runs read back: one device call writes one folder, and a figure or a verdict
-needs them together."""
+needs them together; a recorded flag-off comparison read as a verdict."""
 
 from __future__ import annotations
 
@@ -28,3 +28,15 @@ def merge_runs(paths: Sequence[Path]) -> dict[str, Any]:
         merged["arms"].append(meta)
         merged["steps"] += steps
     return merged
+
+
+def flag_off_status(entry: dict[str, Any]) -> tuple[str, str]:
+    """The verdict and detail of a recorded flag-off comparison. Records written before the
+    comparison classified differences (no ``differing_steps``) called any differing selection a
+    failure; where their pool bytes agreed and no step was missing, what they measured cannot
+    tell a changed path from upstream's own tie-breaking, so they read as ``incomplete``."""
+    status, detail = str(entry.get("status", "error")), str(entry.get("detail", ""))
+    if status == "fail" and "differing_steps" not in entry and "pool bytes [], missing []" in detail:
+        return "incomplete", (detail + " (recorded before differences were classified: pool bytes identical, "
+                              "selected sets differ, no unpatched rerun as control; re-measure with the current harness)")
+    return status, detail

@@ -1,10 +1,10 @@
 """Which function upstream's C4 indexer calls on each platform: the dispatch probe.
 
-Under a profile (:func:`verify.platform.applied`: upstream's own hook and platform facts), this
-builds the real pool, attention backend and ``C4Indexer`` (:class:`~verify.forward.rig.Rig`),
+Under a profile (:func:`verify.core.platform.applied`: upstream's own hook and platform facts),
+this builds the real pool, attention backend and ``C4Indexer`` (:class:`~verify.core.rig.Rig`),
 builds the indexer metadata with the backend's own ``init_forward_metadata_indexer``, and runs
 ``forward_c4_indexer`` for a decode batch and a long single-request prefill with every candidate
-function spied on (:class:`~verify.forward.stand_ins.Spies` in probe mode: no kernel runs, each
+function spied on (:class:`~verify.core.stand_ins.Spies` in probe mode: no kernel runs, each
 spy answers an empty result). What it records is upstream's choice, not a copy of it: the scorer,
 the top-k, whether DeepGEMM metadata (and row chunking) was built, the shape of the lengths the
 scorer got, and whether the non-paged gather path was taken. Runs on a CPU.
@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from verify import platform as P
+from verify.core import platform as P
+from verify.core import upstream as U
 
 from .rig import INDEX_HEAD_DIM, INDEX_HEADS, INDEX_TOPK, Rig, RigConfig
 from .stand_ins import SCORERS, TOPKS, Spies, install_deep_gemm_stand_in, roles_called
@@ -58,7 +59,7 @@ def _metadata_kind(im: Any) -> str:
 def _tilelang_placeholder() -> str | None:
     """Without TileLang installed, upstream's module cannot import; give the probe a module of
     that name whose one function the spies wrap, so the *selection* can be observed."""
-    if TILELANG_MODULE in sys.modules or P.module_available("tilelang"):
+    if TILELANG_MODULE in sys.modules or U.module_available("tilelang"):
         return None
     mod = types.ModuleType(TILELANG_MODULE)
 
@@ -131,7 +132,7 @@ def probe(profile: str, flag: bool) -> list[Dispatch]:
         replaced.append(f"indexer.is_cuda -> {cuda_fact} (the profile's fact; upstream asks the device directly)")
         saved_capturing = torch.cuda.is_current_stream_capturing
         if not torch.cuda.is_available():
-            torch.cuda.is_current_stream_capturing = lambda: False  # type: ignore[assignment]
+            torch.cuda.is_current_stream_capturing = lambda: False
             replaced.append("torch.cuda.is_current_stream_capturing -> False (no CUDA device; nothing is captured)")
         device = "cuda" if torch.cuda.is_available() else "cpu"
         rig = Rig(RigConfig(device=device, flag=flag, max_reqs=4, full_tokens=1 << 16, max_context_len=1 << 15),
@@ -154,7 +155,7 @@ def probe(profile: str, flag: bool) -> list[Dispatch]:
             spies.uninstall()
             rig.close()
             indexer_mod.is_cuda = saved_is_cuda
-            torch.cuda.is_current_stream_capturing = saved_capturing  # type: ignore[assignment]
+            torch.cuda.is_current_stream_capturing = saved_capturing
     return out
 
 

@@ -1,7 +1,9 @@
 """Triton fp8 twin of the bf16 paged-logits kernel: the fp8 baseline of the read bench.
 
-DeepGEMM's ``fp8_paged_mqa_logits`` crashes on the GPU machine (its wheel is built against a
-newer torch), so the bench compares against this twin instead. It has the bf16 kernel's
+The bench times it beside DeepGEMM's own ``fp8_paged_mqa_logits`` where a working DeepGEMM
+imports (checked against this twin first), and alone where none does (DeepGEMM's PyPI wheel
+crashes against the GPU machine's torch; the GPU runner's ``deepgemm`` stage builds one from
+source); the forward tier's DeepGEMM stand-in scores with it there. It has the bf16 kernel's
 structure (1-D split-major grid from shapes, ``split_n`` keys per program, ``BLOCK_N`` key
 tiles through the page table, one tensor-core dot per tile, ReLU, fp32 head-weighted sum,
 ``-inf`` past the row's length) but reads upstream's fp8 index-K pages: per page 64 x 128
@@ -51,7 +53,7 @@ DEFAULT_CONFIG = TwinConfig()
 
 
 @triton.jit
-def _e4m3_bits_to_f32(x):  # type: ignore[no-untyped-def]
+def _e4m3_bits_to_f32(x):
     b = x.to(tl.int32) & 0xFF
     exp = (b >> 3) & 0xF
     man = b & 0x7
@@ -62,7 +64,7 @@ def _e4m3_bits_to_f32(x):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _fp8_paged_mqa_logits_twin_kernel(  # type: ignore[no-untyped-def]
+def _fp8_paged_mqa_logits_twin_kernel(
     q_ptr,  # [rows, H, 128] fp8 (raw bytes under the interpreter)
     k_ptr,  # pool bytes as fp8: page p, slot s at p * stride_kp + s * 128
     sc_ptr,  # the same pool as fp32: scale of slot s at p * stride_sp + 64 * 32 + s

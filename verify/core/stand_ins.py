@@ -1,17 +1,18 @@
 """Spies on the C4 indexer's production functions, and the DeepGEMM stand-in.
 
 :class:`Spies` wraps, in upstream's own modules, every function ``forward_c4_indexer`` can pick
-for the logits, the top-k, the non-paged gather and the metadata (the roles of
-:data:`verify.platform.FUNCTIONS`), records each call (role, shapes, ``clean_logits``) and calls
-through -- or, in ``probe`` mode (no GPU), returns a well-formed empty answer so the dispatch
-decision can be observed without running kernels.
+for the logits, the top-k, the non-paged gather and the metadata (the spied roles of
+:data:`verify.core.upstream.FUNCTIONS`), records each call (role, shapes, ``clean_logits``) and
+calls through -- or, in ``probe`` mode (no GPU), returns a well-formed empty answer so the
+dispatch decision can be observed without running kernels.
 
-DeepGEMM cannot run on the project's GPU machine (its wheel crashes against the machine's torch;
-a from-source build segfaults in its metadata call). Where upstream's sm_90 / sm_100 path calls
-it, :func:`deep_gemm_stand_in` provides a module of that name whose ``fp8_paged_mqa_logits`` is the
-Triton fp8 twin (DeepGEMM's signature and math: fp8 x fp8 -> fp32, times each key's scale),
-whose ``fp8_mqa_logits`` (the non-paged prefill path) is a torch implementation of the same math,
-and whose ``get_num_sms`` asks torch. Each use is recorded and named in the results.
+Where upstream's sm_90 / sm_100 path calls DeepGEMM and no working DeepGEMM imports (its PyPI
+wheel crashes against the GPU machine's torch; the GPU runner's ``deepgemm`` stage builds one from
+source, which ``USE_DEEPGEMM=1`` then puts in use), :func:`deep_gemm_stand_in` provides a module of
+that name whose ``fp8_paged_mqa_logits`` is the Triton fp8 twin (DeepGEMM's signature and math:
+fp8 x fp8 -> fp32, times each key's scale), whose ``fp8_mqa_logits`` (the non-paged prefill path)
+is a torch implementation of the same math, and whose ``get_num_sms`` asks torch. Each use is
+recorded and named in the results.
 """
 
 from __future__ import annotations
@@ -20,28 +21,12 @@ import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-# role -> (module, attribute) where forward_c4_indexer looks the function up at call time
-SPIED: dict[str, tuple[str, str]] = {
-    "score_bf16": ("sglang.kernels.ops.attention.dsv4.bf16_index_logits", "bf16_paged_mqa_logits"),
-    # one request's long prefill, where upstream's fp8 path gathers its keys for fp8_mqa_logits
-    "score_bf16_prefill": ("sglang.kernels.ops.attention.dsv4.bf16_mqa_logits", "bf16_mqa_logits"),
-    "score_tilelang": ("sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits"),
-    "score_torch": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch"),
-    "score_torch_sm120": ("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch_sm120"),
-    "score_aiter": ("sglang.srt.layers.attention.dsv4.indexer", "_aiter_fp8_paged_mqa_logits"),
-    "score_deepgemm": ("deep_gemm", "fp8_paged_mqa_logits"),
-    "score_deepgemm_nonpaged": ("deep_gemm", "fp8_mqa_logits"),
-    "topk_v1": ("sglang.srt.layers.attention.dsv4.indexer", "topk_transform_paged"),
-    "topk_v2": ("sglang.srt.layers.attention.dsv4.indexer", "topk_transform_paged_v2"),
-    "topk_torch": ("sglang.srt.layers.attention.dsv4.indexer", "topk_transform_pytorch_vectorized"),
-    "metadata_jit": ("sglang.kernels.ops.attention.dsv4", "get_paged_mqa_logits_metadata"),
-    "metadata_topk_v2_plan": ("sglang.kernels.ops.attention.dsv4", "plan_topk_v2"),
-    "metadata_deepgemm": ("deep_gemm", "get_paged_mqa_logits_metadata"),
-}
+from verify.core.upstream import spied_roles
+
 FP8_SCORERS = ("score_tilelang", "score_torch", "score_torch_sm120", "score_aiter", "score_deepgemm", "score_deepgemm_nonpaged")
 BF16_SCORERS = ("score_bf16", "score_bf16_prefill")
 SCORERS = (*BF16_SCORERS, *FP8_SCORERS)
@@ -156,13 +141,13 @@ class Spies:
                 spies.calls[-1].out_bytes = int(out.numel() * out.element_size())
             return out
 
-        spy.__wrapped__ = fn  # type: ignore[attr-defined]
+        cast(Any, spy).__wrapped__ = fn  # what inspect.unwrap follows back to the function
         return spy
 
     def install(self, backend: Any = None) -> Spies:
         import importlib
 
-        for role, (module_name, attr) in SPIED.items():
+        for role, (module_name, attr) in spied_roles().items():
             try:
                 module = importlib.import_module(module_name)
             except Exception:  # noqa: BLE001, S112 -- a module this machine cannot import is not picked here
@@ -260,7 +245,7 @@ def roles_called(calls: list[Call]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 DEEPGEMM_STAND_IN = (
-    "deep_gemm stand-in: fp8_paged_mqa_logits = Triton fp8 twin (verify.bench.fp8_twin, DeepGEMM's "
+    "deep_gemm stand-in: fp8_paged_mqa_logits = Triton fp8 twin (verify.core.fp8_twin, DeepGEMM's "
     "signature and math), fp8_mqa_logits = torch (same math, gathered keys), get_num_sms = torch's SM "
     "count; the real DeepGEMM does not run on this machine"
 )
@@ -296,7 +281,7 @@ def deep_gemm_stand_in() -> types.ModuleType:
 
     def fp8_paged_mqa_logits(q: torch.Tensor, kv: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
                              page_table: torch.Tensor, metadata: Any, max_len: int, clean_logits: bool) -> torch.Tensor:
-        from verify.bench.fp8_twin import fp8_paged_mqa_logits_twin
+        from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
         return fp8_paged_mqa_logits_twin(q, kv, weights, seq_lens.reshape(-1), page_table, metadata, max_len, clean_logits)
 

@@ -1,5 +1,5 @@
 """The C4 indexer as the server builds it: upstream's pool, attention backend, indexer module and
-forward batches, on one device, for the forward tier.
+forward batches, on one device, for the forward tier and the dispatch probe.
 
 Upstream objects, built by upstream's own code: ``DeepSeekV4TokenToKVPool`` (sized like the pool
 configurator sizes it), ``ReqToTokenPool``, the DeepSeek-V4 attention backend from
@@ -122,12 +122,12 @@ def _cpu_capability(capability: tuple[int, int]) -> Iterator[list[str]]:
         yield replaced
         return
     saved = torch.cuda.get_device_capability
-    torch.cuda.get_device_capability = lambda *a, **k: capability  # type: ignore[assignment]
+    torch.cuda.get_device_capability = lambda *a, **k: capability
     replaced.append(f"torch.cuda.get_device_capability -> {capability} (no CUDA device: the backend asks it at construction)")
     try:
         yield replaced
     finally:
-        torch.cuda.get_device_capability = saved  # type: ignore[assignment]
+        torch.cuda.get_device_capability = saved
 
 
 class Rig:
