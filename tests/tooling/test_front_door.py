@@ -43,7 +43,7 @@ def nox_sessions() -> list[Session]:
 
 def test_the_noxfile_has_the_sessions_the_design_names() -> None:
     names = {s.name for s in nox_sessions()}
-    # DESIGN.md's sessions; a rename here is a user-visible break and must be deliberate.
+    # README's sessions; a rename here is a user-visible break and must be deliberate.
     assert {"apply", "build", "verify_recall", "bench", "check", "export", "status", "rebase",
             "range_diff", "rebase_check", "pr_drafts", "wheel", "tests", "bisect", "lint"} <= names  # fmt: skip
 

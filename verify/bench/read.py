@@ -827,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(compile_cost.table(compile_result))
     targets = evaluate(json.loads(path.read_text()))  # the README's target lines, for this run
-    print("Targets (DESIGN.md):\n" + "\n".join(f"- {line}" for line in targets))
+    print("Targets (each: the target, then how many shapes meet it):\n" + "\n".join(f"- {line}" for line in targets))
     return 0
 
 

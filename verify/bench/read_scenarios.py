@@ -17,7 +17,7 @@ and causal lengths. Timed per shape (``requests x keys``), as the indexer calls 
   ``grouped_best`` is the fastest, the default included. A measurement of what a config change
   could buy, not what the dispatch runs.
 
-Target (DESIGN.md, :mod:`verify.bench.targets`): ``grouped <= 1.15 x one_row``.
+Target (:mod:`verify.bench.targets`): ``grouped <= 1.15 x one_row``.
 
 **Long prefill.** One request of ``tokens`` prompt tokens: ``tokens`` query rows with causal
 lengths over ``tokens / 4`` compressed keys, scored in row chunks whose logits fit

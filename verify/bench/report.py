@@ -507,7 +507,7 @@ def render_body(art: Artifacts) -> str:
         *long_prefill_table(art),
         "",
         *([*compile_table(art), ""] if art.compile is not None else []),
-        "Targets (DESIGN.md):",
+        "Targets (each: the target, then how many shapes meet it):",
         "",
         *(f"- {line}" for line in evaluate(art.read, art.store)),
     ]

@@ -4,7 +4,7 @@ Times upstream's ``compress_norm_rope_store`` alone (the store kernel; the compr
 it is shared by both formats and prepared once), for decode batches and prefill chunks of
 several sizes. Timing: the median of CUDA-graph replays of ``GRAPH_CALLS`` stores captured back
 to back (``verify.bench.timing``; a store of a few microseconds timed eagerly measures Python's
-launch), or with ``--timing eager`` ``triton.testing.do_bench``. Target (DESIGN.md): the bf16 store is no slower than fp8, which it replaces.
+launch), or with ``--timing eager`` ``triton.testing.do_bench``. Target (:mod:`verify.bench.targets`): the bf16 store is no slower than fp8, which it replaces.
 
     PYTHONPATH=/path/to/patched/python:/path/to/repo python -m verify.bench.store --out DIR
 

@@ -1,4 +1,5 @@
-"""The bench's targets (DESIGN.md, issue 25), one table, and the one evaluator of them.
+"""The bench's speed targets (the project's own; issue 25 added the long-prefill ones), one
+table, and the one evaluator of them.
 
 Every speed target the read and store benches are held to is a constant below. :func:`evaluate`
 reads a run in its JSON form (``bench_read.json`` and ``bench_store.json``, or the payload a run is
