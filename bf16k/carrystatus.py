@@ -7,11 +7,10 @@ state a stopped carry leaves without importing the carry itself.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-from bf16k import carried, series
+from bf16k import carried, project, series
 
 STATE_FILE = "bf16k-rebase.json"  # in the carried tree's git dir while a carry is stopped
 
@@ -62,10 +61,7 @@ def in_progress_lines(root: Path) -> list[str]:
 
 def carried_lines(root: Path) -> list[str]:
     nxt = root / "series" / "next"
-    versions = sorted(
-        (p.name for p in nxt.iterdir() if (p / "pin.toml").is_file()) if nxt.is_dir() else [],
-        key=lambda v: tuple(int(n) for n in re.findall(r"\d+", v)),
-    )
+    versions = project.carried_versions(root)
     if not versions:
         return ["carried series: none (carry one with `nox -s rebase -- VERSION`)"]
     current = series.series_hash(root / "series")

@@ -423,19 +423,14 @@ def check_release(
 # --------------------------------------------------------------------------- which release
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version))
-
-
 def carried_versions(root: Path) -> list[str]:
     """Carried series newer than the pin, newest first."""
-    pinned = pinmod.load(root / "pin.toml")
+    pinned = project.version_key(pinmod.load(root / "pin.toml").version)
     found = [
-        d.name for d in (root / "series" / "next").glob("*")
-        if (d / "pin.toml").is_file() and (d / series.SERIES_FILE).is_file()
-        and _version_key(d.name) > _version_key(pinned.version)
+        v for v in project.carried_versions(root)
+        if (root / "series" / "next" / v / series.SERIES_FILE).is_file() and project.version_key(v) > pinned
     ]  # fmt: skip
-    return sorted(found, key=_version_key, reverse=True)
+    return sorted(found, key=project.version_key, reverse=True)
 
 
 def newest_target(root: Path) -> tuple[Target, str]:

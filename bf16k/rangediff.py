@@ -441,18 +441,6 @@ def apply_on(repo: Path, base: str, series_dir: Path) -> str:
     return gitutil.rev_parse(repo, "HEAD")
 
 
-def carried_versions(root: Path) -> list[str]:
-    nxt = root / "series" / "next"
-    found = [p.name for p in nxt.iterdir() if (p / "pin.toml").is_file()] if nxt.is_dir() else []
-    return sorted(found, key=version_key)
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """Sort key of a release version (0.5.9 < 0.5.23; .postN after the release)."""
-    nums = [int(n) for n in re.findall(r"\d+", version)]
-    return tuple(nums)
-
-
 def series_range_diff(root: Path, version: str) -> tuple[RangeDiff, str]:
     """series/ on the pin against series/next/<version>/ on its carried base; (result, markdown)."""
     t = project.target(root, version)
@@ -502,7 +490,7 @@ def cmd_range_diff(ns: argparse.Namespace) -> int:
     root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
     version = ns.upstream
     if version is None:
-        versions = carried_versions(root)
+        versions = project.carried_versions(root)
         if not versions:
             raise ToolError("no carried series under series/next/: carry one with `nox -s rebase -- VERSION`")
         version = versions[-1]

@@ -68,7 +68,7 @@ from bf16k import reasons as reasonsmod
 from bf16k.carrystatus import STATE_FILE, find_in_progress
 from bf16k.errors import ToolError
 from bf16k.pin import Pin, WheelPin
-from bf16k.project import SUBMODULE_PATH, Target, cache_dir
+from bf16k.project import SUBMODULE_PATH, Target, cache_dir, version_key
 from bf16k.reasons import Hunk, Reason
 
 __all__ = ["STATE_FILE", "find_in_progress"]
@@ -113,10 +113,6 @@ class Release:
     older: bool = False  # older than the pin: a port, not a carry forward
 
 
-def release_key(version: str) -> tuple[int, ...]:
-    return rangediff.version_key(version)
-
-
 def resolve_target(
     pin: Pin, target: str, version: str | None, commit: str | None, allow_older: bool = False
 ) -> Release:
@@ -136,7 +132,7 @@ def resolve_target(
         rel = Release(found, tag, "ref", target, commit or "")
     if rel.version == pin.version:
         raise ToolError(f"{rel.version} is already the pinned release")
-    if release_key(rel.version) < release_key(pin.version):
+    if version_key(rel.version) < version_key(pin.version):
         if commit:
             raise ToolError(
                 f"{rel.version} is older than the pinned {pin.version}: the pin only moves forward "
@@ -211,14 +207,14 @@ def index_versions(name: str) -> list[str]:
 
 def newer_releases(pin: Pin, versions: list[str]) -> list[str]:
     """Final releases newer than the pin, oldest first (pre-releases are skipped)."""
-    keep = {v for v in versions if _RELEASE.match(v) and release_key(v) > release_key(pin.version)}
-    return sorted(keep, key=release_key)
+    keep = {v for v in versions if _RELEASE.match(v) and version_key(v) > version_key(pin.version)}
+    return sorted(keep, key=version_key)
 
 
 def nearest_releases(version: str, versions: list[str], count: int = 3) -> list[str]:
     """The final releases around ``version`` (below and above it), oldest first."""
-    finals = sorted({v for v in versions if _RELEASE.match(v)}, key=release_key)
-    at = bisect_pos.bisect_left([release_key(v) for v in finals], release_key(version))
+    finals = sorted({v for v in versions if _RELEASE.match(v)}, key=version_key)
+    at = bisect_pos.bisect_left([version_key(v) for v in finals], version_key(version))
     lo = max(0, min(at - count + 1, len(finals) - count))
     return finals[lo : lo + count]
 
@@ -237,7 +233,7 @@ def check_release_exists(version: str, like: Pin) -> None:
     if version in versions:
         return
     near = nearest_releases(version, versions)
-    newest = max((v for v in versions if _RELEASE.match(v)), key=release_key, default="?")
+    newest = max((v for v in versions if _RELEASE.match(v)), key=version_key, default="?")
     raise ToolError(
         f"sglang {version} does not exist on the package index; the nearest releases are "
         f"{', '.join(near)} (newest {newest})"
@@ -1717,7 +1713,7 @@ def cmd_rebase(ns: argparse.Namespace) -> int:
             raise ToolError("--continue/--skip take no target: they resume the rebase in progress")
         outcome = resume(root, skip=ns.skip, messages=_messages(ns), python=ns.python)
     elif ns.recarry:
-        versions = [ns.target] if ns.target else rangediff.carried_versions(root)
+        versions = [ns.target] if ns.target else project.carried_versions(root)
         if not versions:
             raise ToolError("nothing to re-carry: no carried series under series/next/")
         if ns.commit:

@@ -107,7 +107,7 @@ def _settle_in_patch_favour(repo: Path) -> None:
 
 def _other_carried(root: Path, version: str, name: str) -> list[tuple[str, bytes]]:
     out = []
-    for v in reversed(rangediff.carried_versions(root)):
+    for v in reversed(project.carried_versions(root)):
         d = Target(root, v).series_dir
         if v != version and name in series.read_order(d):
             out.append((v, (d / name).read_bytes()))
@@ -250,7 +250,7 @@ def _release_section(report: ReleaseReport | str, version: str, total: int) -> l
 def _carried_section(root: Path, tmp: Path, python: seriestests.TestPython | None) -> tuple[bool, list[str]]:
     ok = True
     lines = ["## Carried series under series/next/", ""]
-    carried = rangediff.carried_versions(root)
+    carried = project.carried_versions(root)
     if not carried:
         return True, lines + ["- none"]
     applied: dict[str, Path] = {}
