@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import bisect as bisect_pos
-import hashlib
 import json
 import os
 import re
@@ -611,19 +610,20 @@ def what_would_change(root: Path, version: str) -> str:
 
 
 def _series_hash_at(root: Path, commit: str) -> tuple[str, dict[str, bytes]]:
-    order = gitutil.git(["show", f"{commit}:series/series"], root, check=False)
-    if order.returncode != 0:
-        return "", {}
-    names = [ln.strip() for ln in order.stdout.decode().splitlines() if ln.strip() and not ln.startswith("#")]
-    files: dict[str, bytes] = {}
+    """series/ as ``commit`` has it: its series hash and its patch files ("" and none without one)."""
 
-    digest = hashlib.sha256()
-    for name in names:
+    def show(name: str) -> bytes | None:
         proc = gitutil.git(["show", f"{commit}:series/{name}"], root, check=False)
-        data = proc.stdout if proc.returncode == 0 else b"<missing>"
-        files[name] = data
-        digest.update(name.encode() + b"\0" + data + b"\0")
-    return digest.hexdigest(), files
+        return proc.stdout if proc.returncode == 0 else None
+
+    order = show(series.SERIES_FILE)
+    if order is None:
+        return "", {}
+    files: dict[str, bytes] = {}
+    for name in series.parse_order(order.decode()):
+        data = show(name)
+        files[name] = series.MISSING if data is None else data
+    return series.series_hash(lambda name: order if name == series.SERIES_FILE else files.get(name)), files
 
 
 def _previous_inputs(root: Path, info: carried.Carried, names: list[str]) -> dict[str, bytes] | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bf16k import gitutil, pyscope, rangediff, reasons, rebase, replay, upstream
+from bf16k import gitutil, pyscope, rangediff, reasons, rebase, replay, series, upstream
 from bf16k import pin as pinmod
 from bf16k.reasons import Hunk
 
@@ -155,3 +155,20 @@ def test_a_recarry_keeps_only_the_old_reasons_that_still_explain_something() -> 
     state = {"prev_reasons": [r.as_dict() for r in (gone, in_patch, in_rd, old_said)],
              "reasons": [said_again.as_dict()]}  # fmt: skip
     assert rebase._final_reasons(state, exported, rd) == [in_patch, in_rd, said_again]
+
+
+def test_a_commits_series_hashes_as_the_folder_does(tmp_path: Path) -> None:
+    """A re-carry finds the series/ it was carried from by hash in git history: the hash of a
+    committed series/ must be the one `apply` records for that folder, a missing patch included."""
+    repo = scratch_repo(tmp_path)
+    (repo / "series").mkdir()
+    (repo / "series" / "series").write_text("# order\none.patch\n\nmissing.patch\nempty.patch\n")
+    (repo / "series" / "one.patch").write_bytes(b"From x\n")
+    (repo / "series" / "empty.patch").write_bytes(b"")
+    commit = commit_files(repo, {}, "series")
+    shash, files = rebase._series_hash_at(repo, commit)
+    assert shash == series.series_hash(repo / "series")
+    assert files == {"one.patch": b"From x\n", "missing.patch": series.MISSING, "empty.patch": b""}
+    assert rebase._series_hash_at(repo, gitutil.rev_parse(repo, "HEAD")) == (shash, files)
+    (repo / "series" / "series").unlink()
+    assert rebase._series_hash_at(repo, commit_files(repo, {}, "no order")) == ("", {})
