@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bf16k import gitutil, pyscope, rangediff
+from bf16k import diffs, gitutil, pyscope, rangediff
 from bf16k import reasons as reasonsmod
 from bf16k.errors import ToolError
 from bf16k.reasons import Hunk, Reason
 
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _FIXUP = re.compile(r"^(fixup|squash|amend)! (.*)$")
 
 
@@ -43,27 +42,10 @@ def dirty_hunks(repo: Path) -> list[_DiffHunk]:
     text = gitutil.git(
         ["diff", "-U0", "--no-color", "--no-renames", "--no-ext-diff", "HEAD"], repo
     ).stdout.decode("utf-8", errors="replace")
-    found: list[_DiffHunk] = []
-    header: list[str] = []
-    path = ""
-    in_header = False
-    for raw in text.split("\n"):
-        if raw.startswith("diff --git "):
-            m = re.match(r"diff --git a/(\S+) b/(\S+)", raw)
-            path = m.group(2) if m else ""
-            header = [raw]
-            in_header = True
-            continue
-        m = _HUNK.match(raw)
-        if m:
-            in_header = False
-            found.append(_DiffHunk(path, list(header), int(m.group(1)), int(m.group(2) or "1"), int(m.group(3)), [raw]))
-            continue
-        if in_header:
-            header.append(raw)
-        elif found and raw[:1] in ("+", "-", "\\"):
-            found[-1].lines.append(raw)
-    return found
+    return [
+        _DiffHunk(fd.path, list(fd.header), h.old_start, h.old_count, h.new_start, [h.header, *h.lines])
+        for fd in diffs.parse(text) for h in fd.hunks
+    ]  # fmt: skip
 
 
 def _file_lines(repo: Path, rev: str, path: str) -> int:

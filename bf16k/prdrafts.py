@@ -34,7 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from bf16k import gitutil, patches, previdence, project, prs, series, seriestests, upstream, upstreamlint
+from bf16k import (
+    diffs,
+    gitutil,
+    patches,
+    previdence,
+    project,
+    prs,
+    series,
+    seriestests,
+    upstream,
+    upstreamlint,
+)
 from bf16k import pin as pinmod
 from bf16k.errors import ToolError
 from bf16k.project import Target
@@ -229,9 +240,9 @@ def diffstat(patch: bytes, cwd: Path) -> list[FileStat]:
     """Per-file added/deleted lines (git's own count) and whether the patch creates or deletes it."""
     _, diff = series.split_message(patch)
     text = gitutil.git(["apply", "--numstat", "-"], cwd, input_bytes=diff).stdout.decode()
-    decoded = diff.decode(errors="replace")
-    created = set(re.findall(r"^diff --git a/(\S+) b/\S+\nnew file mode", decoded, re.MULTILINE))
-    removed = set(re.findall(r"^diff --git a/(\S+) b/\S+\ndeleted file mode", decoded, re.MULTILINE))
+    files = diffs.parse(diff.decode(errors="replace"))
+    created = {fd.old_path for fd in files if fd.new_file}
+    removed = {fd.old_path for fd in files if fd.deleted}
     stats = []
     for line in text.splitlines():
         added, deleted, path = line.split("\t", 2)

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bf16k import carried, gitutil, patches, project, pyscope, series, upstream
+from bf16k import carried, diffs, gitutil, patches, project, pyscope, series, upstream
 from bf16k.errors import ToolError
 from bf16k.project import Target
 from bf16k.reasons import Reason, lookup
@@ -29,7 +29,6 @@ CLASSES = (UNCHANGED, CONTEXT_ONLY, CONTENT_CHANGED, DROPPED, NEW)
 
 # `1:  0123456789ab = 1:  ba9876543210 subject` (numbers/hashes are `-` on the missing side)
 _PAIR = re.compile(r"^\s*(\d+|-):\s+([0-9a-f]+|-+)\s+([=!<>])\s+(\d+|-):\s+([0-9a-f]+|-+)\s?(.*)$")
-_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 # Per file: (removed lines, added lines), in order.
 ChangedLines = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
@@ -105,32 +104,12 @@ def changed_lines(repo: Path, commit: str) -> ChangedLines:
     Hunk headers give the line counts, so a removed line that itself starts with `--` is not
     mistaken for a file header.
     """
+    return {fd.path: (tuple(fd.removed), tuple(fd.added)) for fd in _show_u0(repo, commit)}
+
+
+def _show_u0(repo: Path, commit: str) -> list[diffs.FileDiff]:
     text = gitutil.git(["show", "--format=", "--no-color", "-U0", "--no-ext-diff", commit], repo).stdout
-    result: dict[str, tuple[list[str], list[str]]] = {}
-    current = ""
-    minus_left = plus_left = 0
-    for raw in text.decode("utf-8", errors="replace").split("\n"):
-        if minus_left or plus_left:
-            if raw.startswith("-") and minus_left:
-                result[current][0].append(raw[1:])
-                minus_left -= 1
-                continue
-            if raw.startswith("+") and plus_left:
-                result[current][1].append(raw[1:])
-                plus_left -= 1
-                continue
-            if raw.startswith("\\"):  # "\ No newline at end of file"
-                continue
-        if raw.startswith("diff --git "):
-            m = re.match(r"diff --git a/(\S+) b/(\S+)", raw)
-            current = m.group(2) if m else raw
-            result.setdefault(current, ([], []))
-        elif raw.startswith("@@ "):
-            m = _HUNK.match(raw)
-            if m:
-                minus_left = int(m.group(1)) if m.group(1) is not None else 1
-                plus_left = int(m.group(2)) if m.group(2) is not None else 1
-    return {path: (tuple(minus), tuple(plus)) for path, (minus, plus) in result.items()}
+    return diffs.parse(text.decode("utf-8", errors="replace"))
 
 
 def describe_change(old: ChangedLines, new: ChangedLines) -> str:
@@ -161,33 +140,10 @@ class _Block:
 
 
 def _blocks(repo: Path, commit: str) -> dict[str, list[_Block]]:
-    text = gitutil.git(["show", "--format=", "--no-color", "-U0", "--no-ext-diff", commit], repo).stdout
-    result: dict[str, list[_Block]] = {}
-    current = ""
-    minus_left = plus_left = 0
-    for raw in text.decode("utf-8", errors="replace").split("\n"):
-        if minus_left or plus_left:
-            if raw.startswith("-") and minus_left:
-                result[current][-1].lines.append(raw)
-                minus_left -= 1
-                continue
-            if raw.startswith("+") and plus_left:
-                result[current][-1].lines.append(raw)
-                plus_left -= 1
-                continue
-            if raw.startswith("\\"):
-                continue
-        if raw.startswith("diff --git "):
-            m = re.match(r"diff --git a/(\S+) b/(\S+)", raw)
-            current = m.group(2) if m else raw
-            result.setdefault(current, [])
-        elif raw.startswith("@@ "):
-            m = re.match(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", raw)
-            if m:
-                minus_left = int(m.group(1)) if m.group(1) is not None else 1
-                plus_left = int(m.group(3)) if m.group(3) is not None else 1
-                result[current].append(_Block(current, int(m.group(2)), []))
-    return result
+    return {
+        fd.path: [_Block(fd.path, h.new_start, [x for x in h.lines if x[:1] in ("+", "-")]) for h in fd.hunks]
+        for fd in _show_u0(repo, commit)
+    }
 
 
 _TRAILER_NOISE = re.compile(r"^(Last-Update|Patch-Filename):.*$")

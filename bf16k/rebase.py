@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from bf16k import (
     bisect,
     carried,
     context,
+    diffs,
     gitutil,
     patches,
     project,
@@ -390,54 +391,6 @@ def _earlier_reasons(state: dict[str, Any], patch: str, hunks: list[Hunk]) -> li
 # --------------------------------------------------------------------------- "upstream contains it"
 
 
-@dataclass
-class _FileDiff:
-    path: str
-    deleted: bool = False
-    plus_runs: list[list[str]] = field(default_factory=list)
-    minus_runs: list[list[str]] = field(default_factory=list)
-
-
-_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
-
-
-def parse_diff(diff: str) -> list[_FileDiff]:
-    """Per file of a unified git diff: runs of consecutive added and removed lines."""
-    files: list[_FileDiff] = []
-    old_left = new_left = 0
-    run: list[str] | None = None
-    run_kind = ""
-    for line in diff.split("\n"):
-        if old_left > 0 or new_left > 0:
-            kind = line[:1]
-            if kind == "\\":
-                continue
-            if kind != run_kind or run is None:
-                run_kind = kind
-                run = []
-                if kind == "+":
-                    files[-1].plus_runs.append(run)
-                elif kind == "-":
-                    files[-1].minus_runs.append(run)
-            if kind in ("+", "-"):
-                run.append(line[1:])
-            old_left -= 1 if kind in (" ", "-", "") else 0
-            new_left -= 1 if kind in (" ", "+", "") else 0
-            continue
-        run, run_kind = None, ""
-        if line.startswith("diff --git "):
-            m = re.match(r"diff --git a/(\S+) b/(\S+)", line)
-            files.append(_FileDiff(m.group(2) if m else line))
-        elif line.startswith("deleted file mode") and files:
-            files[-1].deleted = True
-        elif line.startswith("@@ ") and files:
-            m = _HUNK.match(line)
-            if m:
-                old_left = int(m.group(1)) if m.group(1) is not None else 1
-                new_left = int(m.group(2)) if m.group(2) is not None else 1
-    return files
-
-
 def _has_run(lines: list[str], run: list[str]) -> bool:
     n = len(run)
     return any(lines[i : i + n] == run for i in range(len(lines) - n + 1))
@@ -451,7 +404,7 @@ def upstream_contains(repo: Path, base: str, diff: str) -> tuple[bool, str]:
     the patch adds is in the file at ``base`` and no run it removes is still there (runs of
     blank lines prove nothing and are ignored).
     """
-    for fd in parse_diff(diff):
+    for fd in diffs.parse(diff):
         proc = gitutil.git(["cat-file", "-p", f"{base}:{fd.path}"], repo, check=False)
         exists = proc.returncode == 0
         if fd.deleted:
@@ -461,10 +414,10 @@ def upstream_contains(repo: Path, base: str, diff: str) -> tuple[bool, str]:
         if not exists:
             return False, f"{fd.path} does not exist upstream"
         lines = proc.stdout.decode("utf-8", errors="replace").split("\n")
-        for run in fd.plus_runs:
+        for run in fd.runs("+"):
             if not _has_run(lines, run):
                 return False, f"{fd.path}: the added line {run[0].strip()!r} is not upstream"
-        for run in fd.minus_runs:
+        for run in fd.runs("-"):
             if any(line.strip() for line in run) and _has_run(lines, run):
                 return False, f"{fd.path}: the removed line {run[0].strip()!r} is still upstream"
     return True, ""
@@ -1218,7 +1171,7 @@ def _skip_checked(repo: Path, state: dict[str, Any]) -> str:
     name = str(state["names"][index])
     version = state["version"]
     diff = (upstream.git_dir(repo) / "rebase-apply" / "patch").read_text(errors="replace")
-    touched = [fd.path for fd in parse_diff(diff)]
+    touched = [fd.path for fd in diffs.parse(diff)]
     still_conflicted = bool(unmerged(repo))
     left = gitutil.git(["diff", "--quiet", "HEAD", "--", *touched], repo, check=False).returncode != 0
     if left and not still_conflicted:
@@ -1319,11 +1272,11 @@ def _final_reasons(state: dict[str, Any], exported: list[tuple[str, bytes]], rd:
     explains nothing)."""
     new = [Reason(**r) for r in state.get("reasons", [])]
     unchanged = {e.name for e in rd.entries if e.cls == rangediff.UNCHANGED}
-    text = {name: data.decode("utf-8", "replace") for name, data in exported}
+    touched = {name: {fd.old_path for fd in diffs.parse(data.decode("utf-8", "replace"))} for name, data in exported}
     shown = {(e.name, h.path) for e in rd.entries for h in e.hunks}
     old = [Reason(**r) for r in state.get("prev_reasons", [])]
-    old = [r for r in old if r.patch in text and r.patch not in unchanged
-           and ((r.patch, r.path) in shown or f"diff --git a/{r.path} b/" in text[r.patch])]  # fmt: skip
+    old = [r for r in old if r.patch in touched and r.patch not in unchanged
+           and ((r.patch, r.path) in shown or r.path in touched[r.patch])]  # fmt: skip
     # A reason said again in this carry for the same file (another scope) replaces the old one.
     said = {(r.patch, r.path, r.why) for r in new}
     old = [r for r in old if (r.patch, r.path, r.why) not in said]

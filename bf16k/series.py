@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from email.header import decode_header, make_header
 from pathlib import Path
 
+from bf16k import diffs
 from bf16k.errors import ToolError
 
 SERIES_FILE = "series"
@@ -28,7 +29,6 @@ def outside_wheel(path: str) -> bool:
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*\.patch$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
-_DIFF_HEADER = re.compile(rb"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 KNOWN_TRAILERS = {
     "Forwarded", "Last-Update", "Bug", "Ref", "Applied-Upstream", "Origin", "Author",
     "Reviewed-by", "Patch-Filename", "Signed-off-by", "Co-authored-by",
@@ -157,11 +157,9 @@ def parse_patch(path: Path) -> PatchInfo:
             trailers[m.group(1)] = m.group(2).strip()
         else:
             body_lines.append(line)
-    files = [d.group(1).decode() for d in _DIFF_HEADER.finditer(diff)]
-    new_files = [
-        m.group(1).decode()
-        for m in re.finditer(rb"^diff --git a/(\S+) b/\S+\nnew file mode", diff, re.MULTILINE)
-    ]
+    diffed = diffs.parse(diff.decode("utf-8", errors="replace"))
+    files = [fd.old_path for fd in diffed]
+    new_files = [fd.old_path for fd in diffed if fd.new_file]
     return PatchInfo(path.name, path, subject, "\n".join(body_lines).strip(), trailers, files, new_files)
 
 

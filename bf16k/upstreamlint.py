@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from bf16k import gitutil, project, prs, series, upstream
+from bf16k import diffs, gitutil, project, prs, series, upstream
 from bf16k.errors import ToolError
 from bf16k.project import Target
 
@@ -92,23 +92,16 @@ class Report:
 def added_lines(data: bytes) -> Iterator[tuple[str, int, str]]:
     """(file, line number in the new file, text) of every line a patch adds."""
     _, diff = series.split_message(data)
-    file, line = "", 0
-    for raw in diff.decode("utf-8", errors="replace").splitlines():
-        if raw.startswith("diff --git "):
-            file, line = "", 0
-        elif raw.startswith("+++ "):
-            target = raw[4:].strip()
-            file = target[2:] if target.startswith("b/") else ""
-        elif raw.startswith("@@"):
-            m = re.match(r"^@@ -\d+(?:,\d+)? \+(\d+)", raw)
-            line = int(m.group(1)) if m else 0
-        elif not file:
+    for fd in diffs.parse(diff.decode("utf-8", errors="replace")):
+        if fd.deleted:  # it adds nothing
             continue
-        elif raw.startswith("+"):
-            yield file, line, raw[1:]
-            line += 1
-        elif raw.startswith(" "):
-            line += 1
+        for hunk in fd.hunks:
+            line = hunk.new_start
+            for raw in hunk.lines:
+                if raw.startswith("+"):
+                    yield fd.path, line, raw[1:]
+                if raw[:1] in ("+", " "):
+                    line += 1
 
 
 def is_production(path: str) -> bool:
