@@ -24,7 +24,6 @@ there, on the pin and on the newest carried release. ``--pr-url ID=URL`` (a PR) 
 
 from __future__ import annotations
 
-import argparse
 import ast
 import re
 import shutil
@@ -924,32 +923,6 @@ def record_pr_urls(t: Target, urls: dict[str, str], today: str | None = None) ->
     return changed
 
 
-def cmd_pr_drafts(ns: argparse.Namespace) -> int:
-    root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
-    if ns.upstream:
-        t = project.target(root, ns.upstream)
-        chosen = f"sglang {t.load_pin().version}, chosen with --upstream"
-    else:
-        t, chosen = newest_target(root)
-    if ns.pr_url:
-        urls = parse_pr_urls(ns.pr_url, series.read_order(t.series_dir), prs.load(t))
-        changed = record_pr_urls(t, urls)
-        for name in changed:
-            print(f"{name}: Forwarded: {urls[name]}")
-        if not changed:
-            print("Forwarded: already up to date")
-    out, releases = generate_checked(t, chosen, ns.out, check=ns.check)
-    shown = out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out
-    n = len(prs.load(t).prs)
-    print(f"pr-drafts: {n} PR draft(s) + cover for {chosen} in {shown}")
-    if ns.check:
-        code, lines = check_verdict(releases)
-        for line in lines:
-            print(f"pr-drafts --check: {line}")
-        return code
-    return 0
-
-
 def check_verdict(releases: list[prs.ReleaseCheck]) -> tuple[int, list[str]]:
     """(exit status, lines) of `--check`: 1 unless every PR applied and passed on every release."""
     lines = [f"{rc.label}: not checked: {'; '.join(rc.why_not)}" for rc in releases if not rc.checked]
@@ -962,16 +935,3 @@ def check_verdict(releases: list[prs.ReleaseCheck]) -> tuple[int, list[str]]:
     if bad or untried or any(not rc.checked for rc in releases):
         return 1, lines
     return 0, [f"every PR applies on its base and its tests pass, on {', '.join(rc.label for rc in releases)}"]
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("pr-drafts", help="the upstream PR set: a draft per PR, a cover with the map, git am-ready patches")
-    p.add_argument("--upstream", metavar="VERSION", help="draft against this release (default: the newest carried one the map fits)")
-    p.add_argument(
-        "--pr-url", action="append", default=[], metavar="ID=URL|PATCH=URL",
-        help="record an opened PR: rewrite the Forwarded: trailer of that PR's patches (or one patch) and re-export",
-    )  # fmt: skip
-    p.add_argument("--check", action="store_true",
-                   help="also run each PR's own tests on its base, on the pin and the newest carried release (slow)")
-    p.add_argument("--out", type=Path, help="output folder (default build/pr-drafts/<version>)")
-    p.set_defaults(func=cmd_pr_drafts)

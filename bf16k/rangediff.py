@@ -9,7 +9,6 @@ a reviewer only needs to read the second. So each `!` pair is split by comparing
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import re
 from dataclasses import dataclass, field
@@ -437,34 +436,3 @@ def dropped_notes(series_dir: Path) -> dict[str, str]:
     if not isinstance(dropped, dict):
         return {}
     return {str(name): f"Applied-Upstream: {value}" for name, value in dropped.items()}
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def cmd_range_diff(ns: argparse.Namespace) -> int:
-    root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
-    version = ns.upstream
-    if version is None:
-        versions = project.carried_versions(root)
-        if not versions:
-            raise ToolError("no carried series under series/next/: carry one with `nox -s rebase -- VERSION`")
-        version = versions[-1]
-    _, md = series_range_diff(root, version)
-    out = Path(ns.output) if ns.output else root / "build" / f"range-diff-{version}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(md)
-    print(md)
-    print(f"(written to {out})")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "range-diff", help="classify each patch of series/ against a carried series (PR description markdown)"
-    )
-    p.add_argument(
-        "--upstream", metavar="VERSION", help="carried release (default: the newest under series/next/)"
-    )
-    p.add_argument("--output", metavar="PATH", help="markdown file (default build/range-diff-VERSION.md)")
-    p.set_defaults(func=cmd_range_diff)

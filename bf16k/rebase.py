@@ -31,7 +31,6 @@ How a carry works (Electron's roll procedure, with `git am -3` instead of quilt)
 
 from __future__ import annotations
 
-import argparse
 import bisect as bisect_pos
 import json
 import os
@@ -56,7 +55,6 @@ from bf16k import (
     diffs,
     gitutil,
     patches,
-    project,
     rangediff,
     replay,
     series,
@@ -1636,99 +1634,3 @@ def promote(root: Path, pin: Pin, rel: Release) -> Outcome:
     return Outcome(
         None, f"fast-forward: series/next/{rel.version}/ was carried from today's series/\n" + message
     )
-
-
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _root(ns: argparse.Namespace) -> Path:
-    return project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
-
-
-def _messages(ns: argparse.Namespace) -> list[str]:
-    found = list(ns.message or [])
-    if ns.message_file:
-        found.append(Path(ns.message_file).read_text())
-    return found
-
-
-def cmd_rebase(ns: argparse.Namespace) -> int:
-    root = _root(ns)
-    if (ns.message or ns.message_file) and not ns.cont:
-        raise ToolError("-m/--message-file go with --continue (the reasons for the hunks you resolved)")
-    if ns.abort:
-        print(abort(root))
-        return 0
-    if ns.cont or ns.skip:
-        if ns.target or ns.recarry:
-            raise ToolError("--continue/--skip take no target: they resume the rebase in progress")
-        outcome = resume(root, skip=ns.skip, messages=_messages(ns), python=ns.python)
-    elif ns.recarry:
-        versions = [ns.target] if ns.target else project.carried_versions(root)
-        if not versions:
-            raise ToolError("nothing to re-carry: no carried series under series/next/")
-        if ns.commit:
-            raise ToolError("--recarry re-carries series/next/<version>/; --commit moves the pin: one at a time")
-        print(f"re-carrying {', '.join(versions)} from today's series/ (recorded resolutions replayed)", flush=True)
-        outcome = start(root, versions[0], wheel_file=ns.wheel_file, force=True, allow_older=True,
-                        python=ns.python, queue=versions[1:])  # fmt: skip
-    else:
-        if not ns.target:
-            raise ToolError(
-                "give a target: a release (0.5.23) or a git ref (v0.5.23); or --continue/--skip/--abort"
-            )
-        outcome = start(
-            root, ns.target, commit=ns.commit, version=ns.version, wheel_file=ns.wheel_file,
-            force=ns.force, allow_older=ns.allow_older, python=ns.python,
-        )  # fmt: skip
-    print(outcome.message)
-    return 1 if outcome.stop else 0
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("rebase", help="carry the series to another upstream release (or git ref)")
-    p.add_argument(
-        "target", nargs="?", help="a release on PyPI (0.5.23) or a git ref (v0.5.23; needs the network)"
-    )
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--continue", dest="cont", action="store_true", help="go on after resolving a stop")
-    mode.add_argument("--abort", action="store_true", help="stop and restore everything as it was")
-    mode.add_argument(
-        "--skip",
-        action="store_true",
-        help="drop the stopped patch; only when the release already contains its change",
-    )
-    mode.add_argument(
-        "--recarry",
-        action="store_true",
-        help="re-carry every series/next/<version>/ (or the one given) from today's series/, replaying "
-        "its recorded resolutions; --continue goes on to the next release",
-    )
-    p.add_argument(
-        "-m", "--message", action="append", metavar="TEXT",
-        help="with --continue: why, one line per hand-made hunk: '<file> (<scope>): <why>' (repeatable)",
-    )  # fmt: skip
-    p.add_argument("--message-file", metavar="PATH", help="with --continue: the reasons, from a file")
-    p.add_argument(
-        "--commit",
-        metavar="SHA",
-        help="the release's upstream commit: the pin moves and the carried series becomes series/",
-    )
-    p.add_argument("--version", help="release version of a git-ref target that is not a vX.Y.Z tag")
-    p.add_argument("--wheel-file", type=Path, help="use this copy of the target release's wheel")
-    p.add_argument("--force", action="store_true", help="re-carry over an existing series/next/<version>/")
-    p.add_argument(
-        "--allow-older", action="store_true",
-        help="port the series to a release older than the pin (into series/next/<version>/)",
-    )  # fmt: skip
-    p.add_argument(
-        "--python", metavar="PATH",
-        help=f"the Python that runs the series' tests (default: ${seriestests.PYTHON_ENV}, else a venv under .nox/)",
-    )  # fmt: skip
-    p.set_defaults(func=cmd_rebase)
-
-    from bf16k import rebasecheck  # late: it builds on this module
-
-    rebasecheck.register(sub)

@@ -15,7 +15,6 @@ what a not-yet-carried release would meet is a report. Nothing inside the reposi
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,24 +323,3 @@ def rebase_check(
     failed = "FAILED (a committed carried series no longer applies or its tests fail)"
     lines += ["", "Result: " + ("OK" if ok else failed), ""]
     return ok, "\n".join(lines)
-
-
-def cmd_rebase_check(ns: argparse.Namespace) -> int:
-    root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
-    ok, text = rebase_check(root, ns.releases, run_tests=not ns.no_tests, python=ns.python)
-    print(text)
-    if ns.output:
-        Path(ns.output).write_text(text)
-    return 0 if ok else 1
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "rebase-check",
-        help="what carrying the series to each newer release meets; every carried series still holds",
-    )
-    p.add_argument("--releases", nargs="+", metavar="VERSION", help="releases to try (default: the index's)")
-    p.add_argument("--output", metavar="PATH", help="also write the markdown report here")
-    p.add_argument("--no-tests", action="store_true", help="skip the carried series' tests (apply + round trip only)")
-    p.add_argument("--python", metavar="PATH", help="the Python that runs the series' tests")
-    p.set_defaults(func=cmd_rebase_check)

@@ -3,14 +3,12 @@ make, and the CLI as `python -m bf16k` runs it."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-from bf16k import rangediff, rebase
-from bf16k.errors import ToolError
+from bf16k import cli
 
 from .conftest import INDEXER, TRAILERS, WHY, Product
 
@@ -68,20 +66,10 @@ def _tree_hash(root: Path) -> str:
 
 
 def _cli(root: Path, *args: str) -> tuple[int, str, str]:
-    """The commands as `python -m bf16k` runs them once cli.py registers them."""
-    parser = argparse.ArgumentParser(prog="bf16k")
-    parser.add_argument("--root")
-    sub = parser.add_subparsers(dest="command", required=True)
-    rebase.register(sub)
-    rangediff.register(sub)
-    ns = parser.parse_args(["--root", str(root), *args])
+    """The commands as `python -m bf16k` runs them: (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        try:
-            code = int(ns.func(ns))
-        except ToolError as exc:
-            print(f"error: {exc}", file=err)
-            code = 2
+        code = cli.main(["--root", str(root), *args])
     return code, out.getvalue(), err.getvalue()
 
 

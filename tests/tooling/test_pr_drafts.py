@@ -6,7 +6,6 @@ for the drafter's behaviour and its failure modes; the real series for what the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bf16k import gitutil, patches, prdrafts, previdence, prs, series, upstream, upstreamlint
+from bf16k import cli, gitutil, patches, prdrafts, previdence, prs, series, upstream, upstreamlint
 from bf16k import pin as pinmod
 from bf16k.errors import ToolError
 from bf16k.project import SUBMODULE_PATH, Target
@@ -371,11 +370,7 @@ def test_pr_url_records_an_opened_pr_on_its_patches_and_check_still_passes(
     p = three
     tree = gitutil.out(["rev-parse", "HEAD^{tree}"], p.upstream)
     others = {n: (p.target.series_dir / n).read_bytes() for n in NAMES[1:]}
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--root")
-    prdrafts.register(parser.add_subparsers(dest="command"))
-    ns = parser.parse_args(["--root", str(p.root), "pr-drafts", "--pr-url", f"a={URL}"])
-    assert ns.func(ns) == 0
+    assert cli.main(["--root", str(p.root), "pr-drafts", "--pr-url", f"a={URL}"]) == 0
     assert f"{NAMES[0]}: Forwarded: {URL}" in capsys.readouterr().out
     text = (p.target.series_dir / NAMES[0]).read_text()
     today = time.strftime("%Y-%m-%d", time.gmtime())
