@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bf16k import diffs, gitutil, pyscope, rangediff
 from bf16k import reasons as reasonsmod
@@ -80,11 +79,13 @@ def _target(repo: Path, hunk: _DiffHunk, index_of: dict[str, int], touchers: dic
     )
 
 
-def absorb(repo: Path, state: dict[str, Any], text: str, stop: dict[str, Any]) -> tuple[list[str], list[Reason]]:
-    """Squash the edits made at a tests stop into their patches; (notes, the reasons given)."""
+def absorb(repo: Path, base: str, tip: str, text: str) -> tuple[list[str], list[Reason]]:
+    """Squash the edits made at a tests stop into their patches; (notes, the reasons given).
+
+    ``base``: the carried tree's base; ``tip``: HEAD when the carry stopped ("": HEAD now).
+    """
     where = str(repo)
-    base = state["new_base"]
-    tip = stop.get("tip") or gitutil.rev_parse(repo, "HEAD")
+    tip = tip or gitutil.rev_parse(repo, "HEAD")
     commits = gitutil.out(["rev-list", "--reverse", f"{base}..{tip}"], repo).split()
     names = [rangediff.patch_name(repo, c) for c in commits]
     index_of = {c: i for i, c in enumerate(commits)}

@@ -13,9 +13,13 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bf16k import patches, project
 from bf16k.errors import ToolError
+
+if TYPE_CHECKING:
+    from bf16k.carry.gate import Gate
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class Call:
 
     ns: argparse.Namespace  # its options (and --root)
     rest: list[str] = field(default_factory=list)  # what `tests` passes on to pytest
+    gate: Gate | None = None  # the carry's test gate; None: the series' own tests and bisect
 
     @property
     def root(self) -> Path:
@@ -239,19 +244,23 @@ def _rebase_options(p: argparse.ArgumentParser) -> None:
 
 
 def _rebase(call: Call) -> int:
-    from bf16k import rebase
+    from bf16k.carry import engine
+    from bf16k.carry.gate import series_gate
 
-    ns, root = call.ns, call.root
+    ns, root, gate = call.ns, call.root, call.gate or series_gate
     if (ns.message or ns.message_file) and not ns.cont:
         raise ToolError("-m/--message-file go with --continue (the reasons for the hunks you resolved)")
     if ns.abort:
-        print(rebase.abort(root))
+        print(engine.abort(root))
         return 0
     if ns.cont or ns.skip:
         if ns.target or ns.recarry:
             raise ToolError("--continue/--skip take no target: they resume the rebase in progress")
-        messages = list(ns.message or []) + ([Path(ns.message_file).read_text()] if ns.message_file else [])
-        outcome = rebase.resume(root, skip=ns.skip, messages=messages, python=ns.python)
+        if ns.skip:
+            outcome = engine.skip(root, gate=gate, python=ns.python)
+        else:
+            messages = list(ns.message or []) + ([Path(ns.message_file).read_text()] if ns.message_file else [])
+            outcome = engine.resume(root, gate=gate, messages=messages, python=ns.python)
     elif ns.recarry:
         versions = [ns.target] if ns.target else project.carried_versions(root)
         if not versions:
@@ -259,17 +268,22 @@ def _rebase(call: Call) -> int:
         if ns.commit:
             raise ToolError("--recarry re-carries series/next/<version>/; --commit moves the pin: one at a time")
         print(f"re-carrying {', '.join(versions)} from today's series/ (recorded resolutions replayed)", flush=True)
-        outcome = rebase.start(root, versions[0], wheel_file=ns.wheel_file, force=True, allow_older=True,
+        outcome = engine.start(root, versions[0], gate=gate, wheel_file=ns.wheel_file, force=True, allow_older=True,
                                python=ns.python, queue=versions[1:])  # fmt: skip
     else:
         if not ns.target:
             raise ToolError(
                 "give a target: a release (0.5.23) or a git ref (v0.5.23); or --continue/--skip/--abort"
             )
-        outcome = rebase.start(
-            root, ns.target, commit=ns.commit, version=ns.version, wheel_file=ns.wheel_file,
+        outcome = engine.start(
+            root, ns.target, gate=gate, commit=ns.commit, version=ns.version, wheel_file=ns.wheel_file,
             force=ns.force, allow_older=ns.allow_older, python=ns.python,
         )  # fmt: skip
+    while outcome.stop is None and outcome.queue:  # --recarry: each release a carry of its own
+        print(outcome.message, flush=True)
+        nxt, rest = outcome.queue[0], outcome.queue[1:]
+        print(f"\nnext re-carry: sglang {nxt}", flush=True)
+        outcome = engine.start(root, nxt, gate=gate, force=True, allow_older=True, python=outcome.python, queue=rest)
     print(outcome.message)
     return 1 if outcome.stop else 0
 
@@ -282,10 +296,10 @@ def _rebase_check_options(p: argparse.ArgumentParser) -> None:
 
 
 def _rebase_check(call: Call) -> int:
-    from bf16k import rebasecheck
+    from bf16k.carry import check
 
     ns = call.ns
-    ok, text = rebasecheck.rebase_check(call.root, ns.releases, run_tests=not ns.no_tests, python=ns.python)
+    ok, text = check.rebase_check(call.root, ns.releases, run_tests=not ns.no_tests, python=ns.python)
     print(text)
     if ns.output:
         Path(ns.output).write_text(text)
@@ -449,14 +463,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, gate: Gate | None = None) -> int:
+    """``gate``: the carry's test gate for `rebase` (default: the series' own tests and bisect)."""
     parser = build_parser()
     ns, rest = parser.parse_known_args(argv)
     command: Command = ns.spec
     if rest and not command.passes_rest:  # only `tests` passes arguments on (to pytest)
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        return command.run(Call(ns, rest if command.passes_rest else []))
+        return command.run(Call(ns, rest if command.passes_rest else [], gate))
     except ToolError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

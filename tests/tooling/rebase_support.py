@@ -9,6 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from bf16k import cli
+from bf16k.carry.gate import Gate
 
 from .conftest import INDEXER, TRAILERS, WHY, Product
 
@@ -65,11 +66,12 @@ def _tree_hash(root: Path) -> str:
     return digest.hexdigest()
 
 
-def _cli(root: Path, *args: str) -> tuple[int, str, str]:
-    """The commands as `python -m bf16k` runs them: (exit status, stdout, stderr)."""
+def _cli(root: Path, *args: str, gate: Gate | None = None) -> tuple[int, str, str]:
+    """The commands as `python -m bf16k` runs them: (exit status, stdout, stderr); ``gate`` stands in
+    for the carry's test gate (default: the real one, as on the command line)."""
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        code = cli.main(["--root", str(root), *args])
+        code = cli.main(["--root", str(root), *args], gate=gate)
     return code, out.getvalue(), err.getvalue()
 
 
