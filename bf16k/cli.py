@@ -372,27 +372,29 @@ def _pr_drafts_options(p: argparse.ArgumentParser) -> None:
 
 
 def _pr_drafts(call: Call) -> int:
-    from bf16k import prdrafts, prs, series
+    from bf16k import prs, series
+    from bf16k.prdrafts import drafts
+    from bf16k.prdrafts import urls as prurls
 
     ns, root = call.ns, call.root
     if ns.upstream:
         t = project.target(root, ns.upstream)
         chosen = f"sglang {t.load_pin().version}, chosen with --upstream"
     else:
-        t, chosen = prdrafts.newest_target(root)
+        t, chosen = drafts.newest_target(root)
     if ns.pr_url:
-        urls = prdrafts.parse_pr_urls(ns.pr_url, series.read_order(t.series_dir), prs.load(t))
-        changed = prdrafts.record_pr_urls(t, urls)
+        urls = prurls.parse_pr_urls(ns.pr_url, series.read_order(t.series_dir), prs.load(t))
+        changed = prurls.record_pr_urls(t, urls)
         for name in changed:
             print(f"{name}: Forwarded: {urls[name]}")
         if not changed:
             print("Forwarded: already up to date")
-    out, releases = prdrafts.generate_checked(t, chosen, ns.out, check=ns.check)
+    out, releases = drafts.generate_checked(t, chosen, ns.out, check=ns.check)
     shown = out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out
     n = len(prs.load(t).prs)
     print(f"pr-drafts: {n} PR draft(s) + cover for {chosen} in {shown}")
     if ns.check:
-        code, lines = prdrafts.check_verdict(releases)
+        code, lines = drafts.check_verdict(releases)
         for line in lines:
             print(f"pr-drafts --check: {line}")
         return code
