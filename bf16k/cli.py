@@ -2,8 +2,8 @@
 
 Every command is one row of :data:`COMMANDS`: its name and help, the options it takes and the
 handler that runs it. The modules behind the handlers expose plain functions; argparse lives
-here only. Handlers import those modules late, so the core commands (apply, export, check,
-status) work even where a heavier module cannot be imported.
+here only. A handler imports the modules it drives when it runs, so `python -m bf16k apply`
+does not load the carry, the drafts or the wheel builder.
 """
 
 from __future__ import annotations
