@@ -13,14 +13,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from bf16k import gitutil, pyscope, rangediff
+from bf16k import diffs, gitutil, pyscope, rangediff
 from bf16k import reasons as reasonsmod
 from bf16k.errors import ToolError
 from bf16k.reasons import Hunk, Reason
 
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _FIXUP = re.compile(r"^(fixup|squash|amend)! (.*)$")
 
 
@@ -43,27 +41,10 @@ def dirty_hunks(repo: Path) -> list[_DiffHunk]:
     text = gitutil.git(
         ["diff", "-U0", "--no-color", "--no-renames", "--no-ext-diff", "HEAD"], repo
     ).stdout.decode("utf-8", errors="replace")
-    found: list[_DiffHunk] = []
-    header: list[str] = []
-    path = ""
-    in_header = False
-    for raw in text.split("\n"):
-        if raw.startswith("diff --git "):
-            m = re.match(r"diff --git a/(\S+) b/(\S+)", raw)
-            path = m.group(2) if m else ""
-            header = [raw]
-            in_header = True
-            continue
-        m = _HUNK.match(raw)
-        if m:
-            in_header = False
-            found.append(_DiffHunk(path, list(header), int(m.group(1)), int(m.group(2) or "1"), int(m.group(3)), [raw]))
-            continue
-        if in_header:
-            header.append(raw)
-        elif found and raw[:1] in ("+", "-", "\\"):
-            found[-1].lines.append(raw)
-    return found
+    return [
+        _DiffHunk(fd.path, list(fd.header), h.old_start, h.old_count, h.new_start, [h.header, *h.lines])
+        for fd in diffs.parse(text) for h in fd.hunks
+    ]  # fmt: skip
 
 
 def _file_lines(repo: Path, rev: str, path: str) -> int:
@@ -98,11 +79,13 @@ def _target(repo: Path, hunk: _DiffHunk, index_of: dict[str, int], touchers: dic
     )
 
 
-def absorb(repo: Path, state: dict[str, Any], text: str, stop: dict[str, Any]) -> tuple[list[str], list[Reason]]:
-    """Squash the edits made at a tests stop into their patches; (notes, the reasons given)."""
+def absorb(repo: Path, base: str, tip: str, text: str) -> tuple[list[str], list[Reason]]:
+    """Squash the edits made at a tests stop into their patches; (notes, the reasons given).
+
+    ``base``: the carried tree's base; ``tip``: HEAD when the carry stopped ("": HEAD now).
+    """
     where = str(repo)
-    base = state["new_base"]
-    tip = stop.get("tip") or gitutil.rev_parse(repo, "HEAD")
+    tip = tip or gitutil.rev_parse(repo, "HEAD")
     commits = gitutil.out(["rev-list", "--reverse", f"{base}..{tip}"], repo).split()
     names = [rangediff.patch_name(repo, c) for c in commits]
     index_of = {c: i for i, c in enumerate(commits)}

@@ -6,6 +6,7 @@ and prints one JSON line with a result per kernel (compiler output included on f
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -16,9 +17,8 @@ from typing import Any
 def main() -> int:
     request = json.loads(sys.stdin.read())
     major, minor, suffix = request["arch"]
-    from sglang.kernels.jit.utils.arch import (  # type: ignore[import-not-found]  # the patched tree
-        override_jit_cuda_arch,
-    )
+    # The patched tree's own module, on PYTHONPATH only here (so mypy has no sglang to read).
+    arch = importlib.import_module("sglang.kernels.jit.utils.arch")
 
     results: list[dict[str, Any]] = []
     for kernel in request["kernels"]:
@@ -28,7 +28,7 @@ def main() -> int:
             exec("import torch", namespace)  # noqa: S102 - runs the kernels/ manifest, our own file
             for line in kernel["imports"]:
                 exec(line, namespace)  # noqa: S102 - same
-            with override_jit_cuda_arch(major, minor, suffix):
+            with arch.override_jit_cuda_arch(major, minor, suffix):
                 module = eval(kernel["call"], namespace)
             results.append({
                 "kernel": kernel["name"], "ok": module is not None, "loaded": bool(request["load"]),

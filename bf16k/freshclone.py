@@ -14,7 +14,6 @@ two in step.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bf16k import gitutil, project
+from bf16k import gitutil
 from bf16k.errors import ToolError
 
 SETUP_HEADING = "## Set up"
@@ -148,21 +147,20 @@ def readme_table(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def cmd_measure_setup(ns: argparse.Namespace) -> int:
-    root = project.find_root(Path(ns.root) if ns.root else None)
-    out = root / (Path(ns.out) if ns.out else RESULT)
+def measure_setup(root: Path, out: Path, *, workdir: Path | None = None, keep: bool = False) -> int:
+    """Measure README's set-up on a fresh clone in a scratch folder under ``workdir``; write ``out``
+    (and its log beside it) and print the README table. 1 when a step failed."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    parent = Path(ns.workdir) if ns.workdir else None
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="bf16k-fresh-clone-", dir=parent))
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="bf16k-fresh-clone-", dir=workdir))
     try:
         data = measure(root, scratch)
         shutil.copyfile(scratch / "measure-setup.log", out.with_suffix(".log"))
-        if ns.keep:
+        if keep:
             print(f"measure-setup: kept {scratch}")
     finally:
-        if not ns.keep:
+        if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
     out.write_text(json.dumps(data, indent=2) + "\n")
     print(f"measure-setup: wrote {out}\n{readme_table(data)}")
@@ -170,11 +168,3 @@ def cmd_measure_setup(ns: argparse.Namespace) -> int:
         print("measure-setup: a step failed, so the measurement is incomplete (see the exit statuses)")
         return 1
     return 0
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("measure-setup", help="time and weigh README's set-up on a fresh clone (for README's figures)")
-    p.add_argument("--workdir", help="where the scratch folder goes (default: the system's temporary folder)")
-    p.add_argument("--out", help=f"result file, relative to the repository (default {RESULT})")
-    p.add_argument("--keep", action="store_true", help="keep the scratch clone, venvs and caches")
-    p.set_defaults(func=cmd_measure_setup)

@@ -107,9 +107,18 @@ def git(
     return proc
 
 
-def out(args: Sequence[str], cwd: Path, **kwargs: object) -> str:
+def out(
+    args: Sequence[str],
+    cwd: Path,
+    *,
+    check: bool = True,
+    input_bytes: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> str:
     """stdout of a git call, stripped."""
-    return git(args, cwd, **kwargs).stdout.decode().strip()  # type: ignore[arg-type]
+    proc = git(args, cwd, check=check, input_bytes=input_bytes, env=env, timeout=timeout)
+    return proc.stdout.decode().strip()
 
 
 def is_repo(path: Path) -> bool:

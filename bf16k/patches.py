@@ -468,6 +468,6 @@ def status(t: Target) -> list[str]:
 
 def _carry_lines(t: Target) -> list[str]:
     """A stopped carry and the carried series, whichever release `status` was asked about."""
-    from bf16k import carrystatus  # late: status is the only user here
+    from bf16k.carry import status  # late: status is the only user here
 
-    return carrystatus.in_progress_lines(t.root) + carrystatus.carried_lines(t.root)
+    return status.in_progress_lines(t.root) + status.carried_lines(t.root)

@@ -95,7 +95,7 @@ def target(root: Path, upstream: str | None) -> Target:
     t = Target(root, upstream)
     if not t.pin_path.is_file():
         available = sorted(p.name for p in (root / "series" / "next").glob("*") if p.is_dir())
-        older = _key(upstream) < _key(pinned.version)
+        older = version_key(upstream) < version_key(pinned.version)
         make = (
             f"port the series back to it with `nox -s rebase -- {upstream} --allow-older` (older than the "
             f"pinned {pinned.version}: a port)"
@@ -109,5 +109,13 @@ def target(root: Path, upstream: str | None) -> Target:
     return t
 
 
-def _key(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
+    """Sort key of a release version (0.5.9 < 0.5.23; .postN after the release): the only one."""
     return tuple(int(n) for n in re.findall(r"\d+", version))
+
+
+def carried_versions(root: Path) -> list[str]:
+    """The releases with a carried series (series/next/<version>/pin.toml), oldest first."""
+    nxt = root / "series" / "next"
+    found = [p.name for p in nxt.iterdir() if (p / "pin.toml").is_file()] if nxt.is_dir() else []
+    return sorted(found, key=version_key)

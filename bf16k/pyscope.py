@@ -15,11 +15,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bf16k import gitutil
+from bf16k import diffs, gitutil
 
 MODULE = ""  # the scope of module-level lines
 _DEF = re.compile(r"^(\s*)(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)")
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
 @dataclass(frozen=True)
@@ -136,14 +135,7 @@ def _hunks(repo: Path, old: str, new: str, path: str) -> list[tuple[int, int, in
     text = gitutil.git(["diff", "-U0", "--no-color", old, new, "--", path], repo).stdout.decode(
         "utf-8", errors="replace"
     )
-    found = []
-    for line in text.split("\n"):
-        m = _HUNK.match(line)
-        if m:
-            found.append(
-                (int(m.group(1)), int(m.group(2) or "1"), int(m.group(3)), int(m.group(4) or "1"))
-            )
-    return found
+    return [(h.old_start, h.old_count, h.new_start, h.new_count) for fd in diffs.parse(text) for h in fd.hunks]
 
 
 def _span(start: int, count: int) -> tuple[int, int]:
@@ -208,12 +200,10 @@ def _renumber(diff: list[str], old_first: int, new_first: int) -> list[str]:
     """difflib numbers lines from the slice it saw; make hunk headers say file lines."""
     out = []
     for line in diff:
-        m = re.match(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@", line)
+        m = diffs.HUNK_HEADER.match(line)
         if m and old_first and new_first:
-            line = (
-                f"@@ -{int(m.group(1)) + old_first - 1}{m.group(2) or ''} "
-                f"+{int(m.group(3)) + new_first - 1}{m.group(4) or ''} @@"
-            )
+            old_count, new_count = (f",{g}" if g is not None else "" for g in (m.group(2), m.group(4)))
+            line = f"@@ -{int(m.group(1)) + old_first - 1}{old_count} +{int(m.group(3)) + new_first - 1}{new_count} @@"
         elif m:
             line = "@@ " + line.split("@@")[1].strip() + " @@"
         out.append(line)

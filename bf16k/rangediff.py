@@ -9,13 +9,12 @@ a reviewer only needs to read the second. So each `!` pair is split by comparing
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bf16k import carried, gitutil, patches, project, pyscope, series, upstream
+from bf16k import carried, diffs, gitutil, patches, project, pyscope, series, upstream
 from bf16k.errors import ToolError
 from bf16k.project import Target
 from bf16k.reasons import Reason, lookup
@@ -29,7 +28,6 @@ CLASSES = (UNCHANGED, CONTEXT_ONLY, CONTENT_CHANGED, DROPPED, NEW)
 
 # `1:  0123456789ab = 1:  ba9876543210 subject` (numbers/hashes are `-` on the missing side)
 _PAIR = re.compile(r"^\s*(\d+|-):\s+([0-9a-f]+|-+)\s+([=!<>])\s+(\d+|-):\s+([0-9a-f]+|-+)\s?(.*)$")
-_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 # Per file: (removed lines, added lines), in order.
 ChangedLines = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
@@ -105,32 +103,12 @@ def changed_lines(repo: Path, commit: str) -> ChangedLines:
     Hunk headers give the line counts, so a removed line that itself starts with `--` is not
     mistaken for a file header.
     """
+    return {fd.path: (tuple(fd.removed), tuple(fd.added)) for fd in _show_u0(repo, commit)}
+
+
+def _show_u0(repo: Path, commit: str) -> list[diffs.FileDiff]:
     text = gitutil.git(["show", "--format=", "--no-color", "-U0", "--no-ext-diff", commit], repo).stdout
-    result: dict[str, tuple[list[str], list[str]]] = {}
-    current = ""
-    minus_left = plus_left = 0
-    for raw in text.decode("utf-8", errors="replace").split("\n"):
-        if minus_left or plus_left:
-            if raw.startswith("-") and minus_left:
-                result[current][0].append(raw[1:])
-                minus_left -= 1
-                continue
-            if raw.startswith("+") and plus_left:
-                result[current][1].append(raw[1:])
-                plus_left -= 1
-                continue
-            if raw.startswith("\\"):  # "\ No newline at end of file"
-                continue
-        if raw.startswith("diff --git "):
-            m = re.match(r"diff --git a/(\S+) b/(\S+)", raw)
-            current = m.group(2) if m else raw
-            result.setdefault(current, ([], []))
-        elif raw.startswith("@@ "):
-            m = _HUNK.match(raw)
-            if m:
-                minus_left = int(m.group(1)) if m.group(1) is not None else 1
-                plus_left = int(m.group(2)) if m.group(2) is not None else 1
-    return {path: (tuple(minus), tuple(plus)) for path, (minus, plus) in result.items()}
+    return diffs.parse(text.decode("utf-8", errors="replace"))
 
 
 def describe_change(old: ChangedLines, new: ChangedLines) -> str:
@@ -161,33 +139,10 @@ class _Block:
 
 
 def _blocks(repo: Path, commit: str) -> dict[str, list[_Block]]:
-    text = gitutil.git(["show", "--format=", "--no-color", "-U0", "--no-ext-diff", commit], repo).stdout
-    result: dict[str, list[_Block]] = {}
-    current = ""
-    minus_left = plus_left = 0
-    for raw in text.decode("utf-8", errors="replace").split("\n"):
-        if minus_left or plus_left:
-            if raw.startswith("-") and minus_left:
-                result[current][-1].lines.append(raw)
-                minus_left -= 1
-                continue
-            if raw.startswith("+") and plus_left:
-                result[current][-1].lines.append(raw)
-                plus_left -= 1
-                continue
-            if raw.startswith("\\"):
-                continue
-        if raw.startswith("diff --git "):
-            m = re.match(r"diff --git a/(\S+) b/(\S+)", raw)
-            current = m.group(2) if m else raw
-            result.setdefault(current, [])
-        elif raw.startswith("@@ "):
-            m = re.match(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", raw)
-            if m:
-                minus_left = int(m.group(1)) if m.group(1) is not None else 1
-                plus_left = int(m.group(3)) if m.group(3) is not None else 1
-                result[current].append(_Block(current, int(m.group(2)), []))
-    return result
+    return {
+        fd.path: [_Block(fd.path, h.new_start, [x for x in h.lines if x[:1] in ("+", "-")]) for h in fd.hunks]
+        for fd in _show_u0(repo, commit)
+    }
 
 
 _TRAILER_NOISE = re.compile(r"^(Last-Update|Patch-Filename):.*$")
@@ -441,18 +396,6 @@ def apply_on(repo: Path, base: str, series_dir: Path) -> str:
     return gitutil.rev_parse(repo, "HEAD")
 
 
-def carried_versions(root: Path) -> list[str]:
-    nxt = root / "series" / "next"
-    found = [p.name for p in nxt.iterdir() if (p / "pin.toml").is_file()] if nxt.is_dir() else []
-    return sorted(found, key=version_key)
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """Sort key of a release version (0.5.9 < 0.5.23; .postN after the release)."""
-    nums = [int(n) for n in re.findall(r"\d+", version)]
-    return tuple(nums)
-
-
 def series_range_diff(root: Path, version: str) -> tuple[RangeDiff, str]:
     """series/ on the pin against series/next/<version>/ on its carried base; (result, markdown)."""
     t = project.target(root, version)
@@ -493,34 +436,3 @@ def dropped_notes(series_dir: Path) -> dict[str, str]:
     if not isinstance(dropped, dict):
         return {}
     return {str(name): f"Applied-Upstream: {value}" for name, value in dropped.items()}
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def cmd_range_diff(ns: argparse.Namespace) -> int:
-    root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
-    version = ns.upstream
-    if version is None:
-        versions = carried_versions(root)
-        if not versions:
-            raise ToolError("no carried series under series/next/: carry one with `nox -s rebase -- VERSION`")
-        version = versions[-1]
-    _, md = series_range_diff(root, version)
-    out = Path(ns.output) if ns.output else root / "build" / f"range-diff-{version}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(md)
-    print(md)
-    print(f"(written to {out})")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "range-diff", help="classify each patch of series/ against a carried series (PR description markdown)"
-    )
-    p.add_argument(
-        "--upstream", metavar="VERSION", help="carried release (default: the newest under series/next/)"
-    )
-    p.add_argument("--output", metavar="PATH", help="markdown file (default build/range-diff-VERSION.md)")
-    p.set_defaults(func=cmd_range_diff)

@@ -19,11 +19,10 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from bf16k import gitutil, pyscope
+from bf16k import diffs, gitutil, pyscope
 from bf16k.errors import ToolError
 
 _LINE = re.compile(r"^\s*(?:[-*]\s+)?(?P<path>[A-Za-z0-9_./-]+?)(?:\s+\((?P<scope>[^)]*)\))?\s*:\s+(?P<why>\S.*)$")
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 MARKERS = ("<<<<<<< ", "=======", ">>>>>>> ", "||||||| ")
 
 
@@ -91,17 +90,10 @@ def tree_hunks(repo: Path, a: str, b: str, paths: list[str] | None = None) -> li
         return cache[(rev, path)]
 
     found: list[Hunk] = []
-    path = ""
-    for raw in text.split("\n"):
-        if raw.startswith("diff --git "):
-            m = re.match(r"diff --git a/(\S+) b/(\S+)", raw)
-            path = m.group(2) if m else ""
-            continue
-        m = _HUNK.match(raw)
-        if m and path:
-            old_start, new_start, new_count = int(m.group(1)), int(m.group(3)), int(m.group(4) or "1")
-            lines, at = (lines_at(b, path), new_start) if new_count else (lines_at(a, path), old_start)
-            found.append(Hunk(path, pyscope.scope_at(lines, max(at, 1)) if lines else "", new_start))
+    for fd in diffs.parse(text):
+        for h in fd.hunks if fd.path else []:
+            lines, at = (lines_at(b, fd.path), h.new_start) if h.new_count else (lines_at(a, fd.path), h.old_start)
+            found.append(Hunk(fd.path, pyscope.scope_at(lines, max(at, 1)) if lines else "", h.new_start))
     return found
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.header import decode_header, make_header
 from pathlib import Path
 
+from bf16k import diffs
 from bf16k.errors import ToolError
 
 SERIES_FILE = "series"
@@ -27,7 +29,6 @@ def outside_wheel(path: str) -> bool:
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*\.patch$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
-_DIFF_HEADER = re.compile(rb"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 KNOWN_TRAILERS = {
     "Forwarded", "Last-Update", "Bug", "Ref", "Applied-Upstream", "Origin", "Author",
     "Reviewed-by", "Patch-Filename", "Signed-off-by", "Co-authored-by",
@@ -45,31 +46,56 @@ class PatchInfo:
     new_files: list[str] = field(default_factory=list)
 
 
-def read_order(series_dir: Path) -> list[str]:
-    path = series_dir / SERIES_FILE
-    if not path.is_file():
-        raise ToolError(f"{path} is missing (the series order file; may be empty)")
+PatchReader = Callable[[str], bytes | None]  # a series folder's file by name; None when it is missing
+MISSING = b"<missing>"  # what a listed patch that is not there hashes as
+
+
+def parse_order(text: str) -> list[str]:
+    """The patch names an order file lists (``#`` comments and blank lines skipped)."""
     names = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             names.append(line)
     return names
 
 
+def read_order(series_dir: Path) -> list[str]:
+    path = series_dir / SERIES_FILE
+    if not path.is_file():
+        raise ToolError(f"{path} is missing (the series order file; may be empty)")
+    return parse_order(path.read_text())
+
+
 def write_order(series_dir: Path, names: list[str]) -> None:
     (series_dir / SERIES_FILE).write_text("".join(f"{n}\n" for n in names))
 
 
-def series_hash(series_dir: Path) -> str:
-    """Hash of the order and every listed patch's bytes: what `apply` records, the wheel's tag."""
+def series_hash(series: Path | PatchReader) -> str:
+    """Hash of the order and every listed patch's bytes: what `apply` records, the wheel's tag.
+
+    ``series`` is the folder, or a reader of its files by name (series/ as a commit has it).
+    """
+    if isinstance(series, Path):
+        names, read = read_order(series), _folder_reader(series)
+    else:
+        order = series(SERIES_FILE)
+        if order is None:
+            raise ToolError(f"no {SERIES_FILE} order file to hash")
+        names, read = parse_order(order.decode()), series
     digest = hashlib.sha256()
-    for name in read_order(series_dir):
-        digest.update(name.encode() + b"\0")
-        path = series_dir / name
-        digest.update(path.read_bytes() if path.is_file() else b"<missing>")
-        digest.update(b"\0")
+    for name in names:
+        data = read(name)
+        digest.update(name.encode() + b"\0" + (MISSING if data is None else data) + b"\0")
     return digest.hexdigest()
+
+
+def _folder_reader(folder: Path) -> PatchReader:
+    def read(name: str) -> bytes | None:
+        path = folder / name
+        return path.read_bytes() if path.is_file() else None
+
+    return read
 
 
 def hygiene(series_dir: Path) -> list[str]:
@@ -131,11 +157,9 @@ def parse_patch(path: Path) -> PatchInfo:
             trailers[m.group(1)] = m.group(2).strip()
         else:
             body_lines.append(line)
-    files = [d.group(1).decode() for d in _DIFF_HEADER.finditer(diff)]
-    new_files = [
-        m.group(1).decode()
-        for m in re.finditer(rb"^diff --git a/(\S+) b/\S+\nnew file mode", diff, re.MULTILINE)
-    ]
+    diffed = diffs.parse(diff.decode("utf-8", errors="replace"))
+    files = [fd.old_path for fd in diffed]
+    new_files = [fd.old_path for fd in diffed if fd.new_file]
     return PatchInfo(path.name, path, subject, "\n".join(body_lines).strip(), trailers, files, new_files)
 
 

@@ -22,7 +22,6 @@ a map that does not fit the series is itself a finding.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import re
 import shutil
@@ -34,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from bf16k import gitutil, project, prs, series, upstream
+from bf16k import diffs, gitutil, prs, series, upstream
 from bf16k.errors import ToolError
 from bf16k.project import Target
 
@@ -92,23 +91,16 @@ class Report:
 def added_lines(data: bytes) -> Iterator[tuple[str, int, str]]:
     """(file, line number in the new file, text) of every line a patch adds."""
     _, diff = series.split_message(data)
-    file, line = "", 0
-    for raw in diff.decode("utf-8", errors="replace").splitlines():
-        if raw.startswith("diff --git "):
-            file, line = "", 0
-        elif raw.startswith("+++ "):
-            target = raw[4:].strip()
-            file = target[2:] if target.startswith("b/") else ""
-        elif raw.startswith("@@"):
-            m = re.match(r"^@@ -\d+(?:,\d+)? \+(\d+)", raw)
-            line = int(m.group(1)) if m else 0
-        elif not file:
+    for fd in diffs.parse(diff.decode("utf-8", errors="replace")):
+        if fd.deleted:  # it adds nothing
             continue
-        elif raw.startswith("+"):
-            yield file, line, raw[1:]
-            line += 1
-        elif raw.startswith(" "):
-            line += 1
+        for hunk in fd.hunks:
+            line = hunk.new_start
+            for raw in hunk.lines:
+                if raw.startswith("+"):
+                    yield fd.path, line, raw[1:]
+                if raw[:1] in ("+", " "):
+                    line += 1
 
 
 def is_production(path: str) -> bool:
@@ -356,43 +348,7 @@ def run(t: Target, ruff: str | None = None) -> Report:
     return report
 
 
-def cmd_upstream_lint(ns: argparse.Namespace) -> int:
-    root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
-    t = project.target(root, ns.upstream)
-    report = run(t, ns.ruff)
-    for note in report.notes:
-        print(f"upstream-lint: {note}")
-    for f in report.findings:
-        print(f"upstream-lint: {f}")
-    if report.findings:
-        print(f"upstream-lint: {len(report.findings)} finding(s); fix them in the patch commits and `nox -s export`")
-        return 1
-    print("upstream-lint: the series meets upstream's format, production-code and test-registration rules")
-    return 0
+if __name__ == "__main__":  # what `nox -s lint` runs, in the venv that holds ruff
+    from bf16k.cli import upstream_lint_main
 
-
-def _add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--upstream", metavar="VERSION", help="lint that carried series' applied tree")
-    p.add_argument("--ruff", help="the ruff executable (default: ruff on PATH)")
-    p.set_defaults(func=cmd_upstream_lint)
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    _add_args(sub.add_parser("upstream-lint", help="upstream's formatter, production-code rules, CI registration"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m bf16k.upstreamlint` (what `nox -s lint` runs, in the venv that holds ruff)."""
-    parser = argparse.ArgumentParser(prog="python -m bf16k.upstreamlint", description="upstream-format lint")
-    parser.add_argument("--root", help="product repository root (default: found from the cwd)")
-    _add_args(parser)
-    ns = parser.parse_args(argv)
-    try:
-        return int(ns.func(ns))
-    except ToolError as exc:
-        print(f"upstream-lint: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(upstream_lint_main())

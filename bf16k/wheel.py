@@ -15,7 +15,6 @@ deterministic (fixed order, timestamps, permissions, compression), so one series
 
 from __future__ import annotations
 
-import argparse
 import base64
 import csv
 import hashlib
@@ -26,7 +25,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bf16k import gitutil, patches, project, series, upstream
+from bf16k import gitutil, patches, series, upstream
 from bf16k.errors import ToolError
 from bf16k.pin import Pin
 from bf16k.project import Target
@@ -408,27 +407,3 @@ def verify_record(path: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- CLI
-
-
-def cmd_wheel(ns: argparse.Namespace) -> int:
-    root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
-    t = project.target(root, ns.upstream)
-    built = build_wheel(t, wheel_file=ns.wheel_file, out_dir=ns.out)
-    n = built.counts()
-    shown = os.path.relpath(built.path, Path.cwd()) if built.path.is_relative_to(Path.cwd()) else str(built.path)
-    print(f"wheel: {shown}")
-    print(f"sha256: {built.sha256}")
-    print(
-        f"version: {built.version} ({t.label}, {len(series.read_order(t.series_dir))} patches; "
-        f"{n['M']} changed, {n['A']} new, {n['D']} deleted file(s))"
-    )
-    print(f"install: pip install --no-deps {shown}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("wheel", help="a patched sglang wheel (local version +bf16k.<series hash>)")
-    p.add_argument("--upstream", metavar="VERSION", help="build from a carried release (series/next/VERSION)")
-    p.add_argument("--wheel-file", type=Path, help="use this copy of the pinned upstream wheel (sha256-checked)")
-    p.add_argument("--out", type=Path, help="output folder (default build/wheel)")
-    p.set_defaults(func=cmd_wheel)

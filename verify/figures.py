@@ -342,10 +342,10 @@ def carry_timings(root: Path) -> str:
     """How long each carried series' tests and bisect took, from its carried.toml (a re-carry
     rewrites them)."""
     from bf16k import carried, series
+    from bf16k.project import version_key
 
     folder = root / "series" / "next"
-    versions = sorted((p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else [],
-                      key=lambda v: tuple(int(x) for x in v.split(".")))
+    versions = sorted((p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else [], key=version_key)
     if not versions:
         return "No carried series yet (`nox -s rebase -- <release>`).\n"
     parts = []

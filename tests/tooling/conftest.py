@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from bf16k import gitutil, patches, rebase, upstream
+from bf16k import gitutil, patches, upstream
 from bf16k import pin as pinmod
+from bf16k.carried import Verified
+from bf16k.carry import releases
+from bf16k.carry.messages import Outcome
+from bf16k.carry.state import Carry
 from bf16k.project import SUBMODULE_PATH, Target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -147,22 +151,27 @@ def break_first_patch(series_dir: Path) -> str:
 
 @pytest.fixture(scope="session")
 def wheel_523(real_pin: pinmod.Pin) -> Path:
-    wheel = rebase.release_wheel("0.5.23", real_pin)
-    assert rebase.wheel_has_dsv4(wheel)
+    wheel = releases.release_wheel("0.5.23", real_pin)
+    assert releases.wheel_has_dsv4(wheel)
     return wheel
 
 
+@dataclass
+class RecordingGate:
+    """A carry's test gate that records the release it was asked about and passes."""
+
+    versions: list[str] = field(default_factory=list)
+
+    def __call__(self, carry: Carry) -> Outcome | None:
+        self.versions.append(carry.state.version)
+        carry.state.verified = Verified("not run here", 0, "", 0)
+        return None
+
+
 @pytest.fixture
-def no_gate(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The carry's test gate, recorded instead of run, for the tests about carrying itself
-    (conflicts, replay, the pin, range-diff): their series has no tests and touches the indexer
-    module, which the gate's bisect would import at every prefix (~20 s each) for nothing they
-    look at. The gate runs for real in test_carry.py."""
-    calls: list[str] = []
-
-    def record(root: Path, repo: Path, state: dict[str, object]) -> None:
-        calls.append(str(state["version"]))
-        state["verified"] = {"tests": "not run here", "tests_seconds": 0, "bisect": "", "bisect_seconds": 0}
-
-    monkeypatch.setattr(rebase, "_verify", record)
-    return calls
+def no_gate() -> RecordingGate:
+    """The carry's test gate, recorded instead of run (handed to the carry as `_cli(..., gate=)`),
+    for the tests about carrying itself (conflicts, replay, the pin, range-diff): their series has
+    no tests and touches the indexer module, which the gate's bisect would import at every prefix
+    (~20 s each) for nothing they look at. The gate runs for real in test_carry.py."""
+    return RecordingGate()

@@ -3,14 +3,13 @@ make, and the CLI as `python -m bf16k` runs it."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-from bf16k import rangediff, rebase
-from bf16k.errors import ToolError
+from bf16k import cli
+from bf16k.carry.gate import Gate
 
 from .conftest import INDEXER, TRAILERS, WHY, Product
 
@@ -67,21 +66,12 @@ def _tree_hash(root: Path) -> str:
     return digest.hexdigest()
 
 
-def _cli(root: Path, *args: str) -> tuple[int, str, str]:
-    """The commands as `python -m bf16k` runs them once cli.py registers them."""
-    parser = argparse.ArgumentParser(prog="bf16k")
-    parser.add_argument("--root")
-    sub = parser.add_subparsers(dest="command", required=True)
-    rebase.register(sub)
-    rangediff.register(sub)
-    ns = parser.parse_args(["--root", str(root), *args])
+def _cli(root: Path, *args: str, gate: Gate | None = None) -> tuple[int, str, str]:
+    """The commands as `python -m bf16k` runs them: (exit status, stdout, stderr); ``gate`` stands in
+    for the carry's test gate (default: the real one, as on the command line)."""
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        try:
-            code = int(ns.func(ns))
-        except ToolError as exc:
-            print(f"error: {exc}", file=err)
-            code = 2
+        code = cli.main(["--root", str(root), *args], gate=gate)
     return code, out.getvalue(), err.getvalue()
 
 

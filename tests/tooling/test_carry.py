@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from bf16k import carried, patches, project, rebase, series
+from bf16k import carried, patches, project, series
+from bf16k.carry import releases
 
 from .carry_probe import NODE, NOTES_PATCH, PROBE, PROBE_PATCH, REL, _tree, make_probe_product
 from .conftest import REPO_ROOT, Product
@@ -141,9 +142,9 @@ def test_a_release_that_does_not_exist_is_one_line(probe_product: Product) -> No
 
 def test_nearest_releases() -> None:
     versions = ["0.5.23", "0.5.22", "0.5.21", "0.5.20", "0.5.15.post1", "0.5.15", "0.5.24rc1"]
-    assert rebase.nearest_releases("9.9.9", versions) == ["0.5.21", "0.5.22", "0.5.23"]
-    assert rebase.nearest_releases("0.5.16", versions) == ["0.5.15", "0.5.15.post1", "0.5.20"]
-    assert rebase.nearest_releases("0.0.1", versions) == ["0.5.15", "0.5.15.post1", "0.5.20"]
+    assert releases.nearest_releases("9.9.9", versions) == ["0.5.21", "0.5.22", "0.5.23"]
+    assert releases.nearest_releases("0.5.16", versions) == ["0.5.15", "0.5.15.post1", "0.5.20"]
+    assert releases.nearest_releases("0.0.1", versions) == ["0.5.15", "0.5.15.post1", "0.5.20"]
 
 
 def test_continue_messages_need_continue(probe_product: Product) -> None:

@@ -3,12 +3,15 @@ reasons, the replay merge, the range-diff's changed hunks and the CHANGELOG entr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from bf16k import gitutil, pyscope, rangediff, reasons, rebase, replay, upstream
+from bf16k import gitutil, pyscope, rangediff, reasons, replay, series, upstream
 from bf16k import pin as pinmod
+from bf16k.carry import chains, finish, releases
+from bf16k.carry.state import CarryState, Phase, Release
 from bf16k.reasons import Hunk
 
 from .conftest import commit_files, scratch_repo
@@ -54,8 +57,8 @@ def test_scope_at_reads_indentation_even_with_conflict_markers() -> None:
 def release_repo(tmp_path_factory: pytest.TempPathFactory, real_pin: pinmod.Pin) -> tuple[Path, str, str]:
     """A repository with the real 0.5.21 import and the real 0.5.23 import on top of it."""
     repo = tmp_path_factory.mktemp("releases") / "r"
-    wheel = rebase.release_wheel("0.5.23", real_pin)
-    rpin = rebase.release_pin(real_pin, rebase.Release("0.5.23", "v0.5.23", "wheel", "", ""), wheel)
+    wheel = releases.release_wheel("0.5.23", real_pin)
+    rpin = releases.release_pin(real_pin, Release("0.5.23", "v0.5.23", "wheel", "", ""), wheel)
     old, new = upstream.materialize_carried(repo, rpin, real_pin, wheel)
     return repo, old, new
 
@@ -92,10 +95,10 @@ def test_reasons_cover_hunks_by_file_tail_and_scope() -> None:
 def test_changelog_entry_is_wrapped_and_replaced_by_key(tmp_path: Path) -> None:
     (tmp_path / "CHANGELOG.md").write_text("# Changelog\n\n## [Unreleased]\n\n### Changed\n- other\n\n## [0.1.0]\n")
     long = "Carried the series (6 patches) to 0.5.22 as `series/next/0.5.22/`; " + "because " * 40 + "end."
-    assert rebase.add_changelog(tmp_path, long, key="`series/next/0.5.22/`") == "added"
+    assert finish.add_changelog(tmp_path, long, key="`series/next/0.5.22/`") == "added"
     text = (tmp_path / "CHANGELOG.md").read_text()
     assert all(len(line) <= 100 for line in text.splitlines())
-    assert rebase.add_changelog(tmp_path, "Carried the series again as `series/next/0.5.22/`.",
+    assert finish.add_changelog(tmp_path, "Carried the series again as `series/next/0.5.22/`.",
                                 key="`series/next/0.5.22/`") == "replaced"  # fmt: skip
     text = (tmp_path / "CHANGELOG.md").read_text()
     assert text.count("series/next/0.5.22") == 1 and "because" not in text and "- other" in text
@@ -152,6 +155,56 @@ def test_a_recarry_keeps_only_the_old_reasons_that_still_explain_something() -> 
     in_rd = reasons.Reason(patch, shown.path, "", "upstream has it", "conflict")
     said_again = reasons.Reason(patch, POOL, "Pool.create", "kept as before", "conflict")
     old_said = reasons.Reason(patch, POOL, "Pool", "kept as before", "conflict")
-    state = {"prev_reasons": [r.as_dict() for r in (gone, in_patch, in_rd, old_said)],
-             "reasons": [said_again.as_dict()]}  # fmt: skip
-    assert rebase._final_reasons(state, exported, rd) == [in_patch, in_rd, said_again]
+    old = [gone, in_patch, in_rd, old_said]
+    assert finish.final_reasons([said_again], old, exported, rd) == [in_patch, in_rd, said_again]
+
+
+def test_a_commits_series_hashes_as_the_folder_does(tmp_path: Path) -> None:
+    """A re-carry finds the series/ it was carried from by hash in git history: the hash of a
+    committed series/ must be the one `apply` records for that folder, a missing patch included."""
+    repo = scratch_repo(tmp_path)
+    (repo / "series").mkdir()
+    (repo / "series" / "series").write_text("# order\none.patch\n\nmissing.patch\nempty.patch\n")
+    (repo / "series" / "one.patch").write_bytes(b"From x\n")
+    (repo / "series" / "empty.patch").write_bytes(b"")
+    commit = commit_files(repo, {}, "series")
+    shash, files = chains.series_hash_at(repo, commit)
+    assert shash == series.series_hash(repo / "series")
+    assert files == {"one.patch": b"From x\n", "missing.patch": series.MISSING, "empty.patch": b""}
+    assert chains.series_hash_at(repo, gitutil.rev_parse(repo, "HEAD")) == (shash, files)
+    (repo / "series" / "series").unlink()
+    assert chains.series_hash_at(repo, commit_files(repo, {}, "no order")) == ("", {})
+
+
+def test_the_carry_state_file_keeps_its_keys(tmp_path: Path) -> None:
+    """bf16k-rebase.json as the carry has always written it (one flat object) loads into the typed
+    state and is written back key for key: a carry stopped by an earlier bf16k goes on."""
+    reason = {"patch": "p.patch", "path": "python/a.py", "scope": "f", "kind": "conflict", "why": "kept both"}
+    written = {
+        "created": False, "pre_head": "a" * 40, "pre_base_ref": "b" * 40, "pre_state": {"source": "wheel"},
+        "notes": ["saved work to refs/x"], "old_base": "c" * 40, "new_base": "d" * 40, "old_tip": "e" * 40,
+        "wheel": "/cache/sglang-0.5.23.whl", "source_detail": "PyPI wheel", "version": "0.5.23", "tag": "v0.5.23",
+        "kind": "wheel", "ref": "", "commit": "", "older": False, "names": ["p.patch", "q.patch"],
+        "old_version": "0.5.21", "old_series_hash": "f" * 64, "from_blobs": {"p.patch": "1" * 40},
+        "dropped": {"q.patch": "0.5.23"}, "phase": "apply", "am_offset": 1, "reasons": [reason],
+        "prev_reasons": [reason], "prev_patches": {"p.patch": "From x\n"}, "python": None, "queue": ["0.5.24"],
+        "failing": ["test/t.py::test_x"], "started": 1700000000.5,
+        "replay": {"count": 1, "O": ["1" * 40], "C": ["2" * 40], "N": ["3" * 40], "index": 0, "I_prev": "4" * 40,
+                   "T_prev": "5" * 40, "from": "series/next/0.5.23", "notes": ["a note"],
+                   "pending": {"tree": "6" * 40, "message": "subject\n\nbody", "author": ["A", "a@x", "1 +0000"],
+                               "conflicts": ["python/a.py"]}},
+        "stop": {"kind": "replay", "summary": "patch 1 'p.patch': replaying conflicts in 1 file", "tip": "7" * 40,
+                 "hunks": [{"path": "python/a.py", "scope": "f", "line": 3}]},
+        "verified": {"tests": "1 passed, 0 skipped", "tests_seconds": 3, "bisect": "2 of 2 prefixes",
+                     "bisect_seconds": 9},
+    }  # fmt: skip
+    state = CarryState.from_json(json.loads(json.dumps(written)))
+    assert (state.version, state.phase, state.bases.old_tip, state.prior.pre_state) == (
+        "0.5.23", Phase.APPLY, "e" * 40, {"source": "wheel"})
+    assert state.replay is not None and state.replay.pending is not None
+    assert state.replay.pending.author == ("A", "a@x", "1 +0000") and state.stop is not None
+    assert state.stop.hunks == [Hunk("python/a.py", "f", 3)] and state.reasons == [reasons.Reason(**reason)]
+    assert json.loads(json.dumps(state.to_json())) == written
+    repo = scratch_repo(tmp_path)
+    state.save(repo)
+    assert CarryState.load(repo) == state

@@ -6,20 +6,24 @@ for the drafter's behaviour and its failure modes; the real series for what the 
 
 from __future__ import annotations
 
-import argparse
+import fnmatch
 import json
 import re
 import shutil
 import textwrap
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bf16k import gitutil, patches, prdrafts, previdence, prs, series, upstream, upstreamlint
+from bf16k import cli, gitutil, patches, previdence, prs, series, upstream, upstreamlint
 from bf16k import pin as pinmod
 from bf16k.errors import ToolError
+from bf16k.prdrafts import commits, drafts, prose
+from bf16k.prdrafts import tree as prtree
+from bf16k.prdrafts import urls as prurls
 from bf16k.project import SUBMODULE_PATH, Target
 
 from .conftest import INDEXER, REPO_ROOT, TRAILERS, WHY, Product, make_product
@@ -131,16 +135,16 @@ def test_map_file_errors_name_the_entry(tmp_path: Path) -> None:
 
 def test_pr_url_takes_a_pr_or_a_patch_and_refuses_local_ones(tmp_path: Path) -> None:
     prmap = _map(tmp_path, MAP)
-    assert prdrafts.parse_pr_urls([f"a={URL}"], NAMES, prmap) == {NAMES[0]: URL}
-    assert prdrafts.parse_pr_urls([f"add-a-probe-module={URL}"], NAMES, prmap) == {NAMES[1]: URL}
+    assert prurls.parse_pr_urls([f"a={URL}"], NAMES, prmap) == {NAMES[0]: URL}
+    assert prurls.parse_pr_urls([f"add-a-probe-module={URL}"], NAMES, prmap) == {NAMES[1]: URL}
     with pytest.raises(ToolError, match="local only"):
-        prdrafts.parse_pr_urls([f"probe-local-tweak={URL}"], NAMES, prmap)
+        prurls.parse_pr_urls([f"probe-local-tweak={URL}"], NAMES, prmap)
     with pytest.raises(ToolError, match="no PR or patch 'nope'"):
-        prdrafts.parse_pr_urls([f"nope={URL}"], NAMES, prmap)
+        prurls.parse_pr_urls([f"nope={URL}"], NAMES, prmap)
     with pytest.raises(ToolError, match="not an https URL"):
-        prdrafts.parse_pr_urls(["a=http://example.com/1"], NAMES, prmap)
+        prurls.parse_pr_urls(["a=http://example.com/1"], NAMES, prmap)
     with pytest.raises(ToolError, match="ID=URL or PATCH=URL"):
-        prdrafts.parse_pr_urls(["a"], NAMES, prmap)
+        prurls.parse_pr_urls(["a"], NAMES, prmap)
 
 
 # --------------------------------------------------------------------------- pieces of a draft
@@ -168,23 +172,23 @@ def test_docs_row_is_read_from_the_options_declaration() -> None:
             ] = None
             x_size: A[int, Arg(help="Size.")] = 4
     ''')
-    fields = prdrafts._arg_fields(source)
-    assert prdrafts.docs_row("--enable-x", fields["enable_x"]) == (
+    fields = prtree._arg_fields(source)
+    assert prtree.docs_row("--enable-x", fields["enable_x"]) == (
         "| `--enable-x` | Enable x. See `--other-flag`. | `False` | bool flag (set to enable) |")
-    assert prdrafts.docs_row("--x-dtype", fields["x_dtype"]) == "| `--x-dtype` | Format of x. 'a': one \\| two. | `a` | `a`, `b` |"
-    assert prdrafts.docs_row("--x-size", fields["x_size"]) == "| `--x-size` | Size. | `4` | Type: int |"
+    assert prtree.docs_row("--x-dtype", fields["x_dtype"]) == "| `--x-dtype` | Format of x. 'a': one \\| two. | `a` | `a`, `b` |"
+    assert prtree.docs_row("--x-size", fields["x_size"]) == "| `--x-size` | Size. | `4` | Type: int |"
 
 
 def test_needed_runs_give_the_exact_commands() -> None:
     tree = REPO_ROOT / SUBMODULE_PATH / "python" / "sglang"
     for need in prs.NEEDED_RUNS:
         for ab in (False, True):
-            what, commands = prdrafts.needed_runs(need, ab)
+            what, commands = prose.needed_runs(need, ab)
             assert what and commands, need
             text = "\n".join(commands)
             # hicache-gsm8k is a fix on the fp8 default: always upstream main vs the PR.
             assert ("--deepseek-v4-indexer-k-dtype bf16" in text) == ((ab and need != "hicache-gsm8k") or need == "sm120")
-    joined = {n: "\n".join(prdrafts.needed_runs(n, True)[1]) for n in prs.NEEDED_RUNS}
+    joined = {n: "\n".join(prose.needed_runs(n, True)[1]) for n in prs.NEEDED_RUNS}
     assert "python3 -m sglang.test.few_shot_gsm8k --num-questions 1319" in joined["gsm8k"]
     assert "sgl-eval run gpqa" in joined["gpqa"]
     assert ("python -m verify.live --server http://127.0.0.1:30001 --baseline http://127.0.0.1:30000 "
@@ -228,9 +232,9 @@ def three(tmp_path_factory: pytest.TempPathFactory, base_repo: Path, real_pin: p
 
 @pytest.fixture(scope="module")
 def drafted(three: Product) -> Path:
-    t, chosen = prdrafts.newest_target(three.root)
+    t, chosen = drafts.newest_target(three.root)
     assert t == three.target and chosen == "sglang 0.5.21, the pin"
-    return prdrafts.generate(t, chosen)
+    return drafts.generate(t, chosen)
 
 
 def test_drafts_one_per_pr_with_the_map_template_and_no_local_paths(three: Product, drafted: Path) -> None:
@@ -252,20 +256,20 @@ def test_drafts_one_per_pr_with_the_map_template_and_no_local_paths(three: Produ
     for text, title in ((a, "[DSV4] Indexer: add a marker line"), (b, "[DSV4] Add a probe module")):
         assert text.startswith(f"# {title}\n")
         assert _sections(text) == ["Motivation", "Modifications", "Accuracy Tests", "Speed Tests and Profiling",
-                                   prdrafts.STILL_NEEDS, "Checklist", "Review and Merge Process"]
+                                   prose.STILL_NEEDS, "Checklist", "Review and Merge Process"]
         assert text.count("## Motivation") == 1
     # One motivation: the patch's why (motivation = "patch"), not repeated under Modifications.
     motivation_a = a.split("## Motivation", 1)[1].split("## Modifications", 1)[0]
     assert " ".join(WHY.split()) in motivation_a and " ".join(WHY.split()) not in a.split("## Modifications", 1)[1]
     # The tests each PR adds, read by upstream's parser; the box ticked only where one exists.
     assert f"| `{PROBE_TEST}` | CPU `base-a-test-cpu` (~5 s) | added by add-a-probe-module.patch |" in b
-    assert f"- [x] {prdrafts.CHECK_TESTS}" in b and f"- [ ] {prdrafts.CHECK_TESTS}" in a
+    assert f"- [x] {prose.CHECK_TESTS}" in b and f"- [ ] {prose.CHECK_TESTS}" in a
     for text in (a, b):
-        assert f"- [ ] {prdrafts.CHECK_DOCS} No user-facing option" in text
-        assert f"- [ ] {prdrafts.CHECK_BENCH} None yet" in text  # no artifact: not ticked
-        assert f"- [ ] {prdrafts.CHECK_FORMAT}" in text and f"- [ ] {prdrafts.CHECK_STYLE}" in text
+        assert f"- [ ] {prose.CHECK_DOCS} No user-facing option" in text
+        assert f"- [ ] {prose.CHECK_BENCH} None yet" in text  # no artifact: not ticked
+        assert f"- [ ] {prose.CHECK_FORMAT}" in text and f"- [ ] {prose.CHECK_STYLE}" in text
     # What only real hardware can give, with its commands (PR b, before any A/B option: before/after).
-    needs = b.split(f"## {prdrafts.STILL_NEEDS}", 1)[1].split("## Checklist", 1)[0]
+    needs = b.split(f"## {prose.STILL_NEEDS}", 1)[1].split("## Checklist", 1)[0]
     assert "python3 -m sglang.test.few_shot_gsm8k" in needs and "python -m verify.live --server" in needs
     assert "upstream main vs this PR" in needs
     assert "--enable-hierarchical-cache" in a
@@ -289,7 +293,7 @@ def test_patches_apply_with_git_am_each_on_its_base(three: Product, drafted: Pat
 
 
 def test_check_runs_each_prs_own_tests_on_its_base(three: Product, tmp_path: Path) -> None:
-    out = prdrafts.generate(three.target, "x", tmp_path / "out", check=True)
+    out = drafts.generate(three.target, "x", tmp_path / "out", check=True)
     cover = (out / "00-cover.md").read_text()
     assert re.search(r"\| 0\.5\.21 \(pin\) \| \(a\) \| applies on [^|]+\| no test files of its own \|", cover)
     assert re.search(r"\| 0\.5\.21 \(pin\) \| \(b\) \| applies on [^|]+\+ \(a\) \| 1 passed, 0 skipped in \d+ s \|", cover)
@@ -300,13 +304,13 @@ def test_check_runs_each_prs_own_tests_on_its_base(three: Product, tmp_path: Pat
 
 def test_a_pr_that_does_not_apply_on_its_base_is_reported(three: Product, tmp_path: Path) -> None:
     prmap = prs.load(three.target)
-    dirs = prdrafts.write_pr_patches(three.target.series_dir, prmap, tmp_path / "patches")
+    dirs = commits.write_pr_patches(three.target.series_dir, prmap, tmp_path / "patches")
     first = next(dirs["a"].glob("*.patch"))
     first.write_bytes(first.read_bytes().replace(b"\n FP8_DTYPE = ", b"\n FP8_DTYPE_RENAMED = ", 1))
-    rc = prdrafts.check_release(three.target, prmap, dirs, "0.5.21 (pin)", None)
+    rc = prtree.check_release(three.target, prmap, dirs, "0.5.21 (pin)", None)
     assert rc.checked and [c.pr for c in rc.prs] == ["a"] and not rc.prs[0].applies  # (b) has no base
     assert "Patch failed at 0001 [DSV4] Indexer: add a marker line" in rc.prs[0].detail
-    assert prdrafts.check_verdict([rc])[0] == 1
+    assert drafts.check_verdict([rc])[0] == 1
 
 
 def test_check_verdict_fails_on_any_pr_or_release_not_shown_good() -> None:
@@ -316,12 +320,12 @@ def test_check_verdict_fails_on_any_pr_or_release_not_shown_good() -> None:
     failing = TestRun(Path("."), passed=2, failures=[Failure("t.py::x", "boom")])
     ok = prs.ReleaseCheck("0.5.21 (pin)", True, prs=[prs.PRCheck("a", True, run=good),
                                                     prs.PRCheck("b", True, run=TestRun(Path("."), absent=True))])
-    assert prdrafts.check_verdict([ok]) == (0, ["every PR applies on its base and its tests pass, on 0.5.21 (pin)"])
+    assert drafts.check_verdict([ok]) == (0, ["every PR applies on its base and its tests pass, on 0.5.21 (pin)"])
     stale = prs.ReleaseCheck("0.5.23 (carried)", False, ["its series does not fit the PR map (x): re-carry it first"])
-    code, lines = prdrafts.check_verdict([ok, stale])
+    code, lines = drafts.check_verdict([ok, stale])
     assert code == 1 and lines == ["0.5.23 (carried): not checked: its series does not fit the PR map (x): re-carry it first"]
     broken = prs.ReleaseCheck("0.5.21 (pin)", True, prs=[prs.PRCheck("a", True, run=failing), prs.PRCheck("b", False)])
-    code, lines = prdrafts.check_verdict([broken])
+    code, lines = drafts.check_verdict([broken])
     assert code == 1 and "does not apply or its tests fail: 0.5.21 (pin) PR (a), 0.5.21 (pin) PR (b)" in lines[0]
 
 
@@ -340,10 +344,10 @@ def test_a_carried_series_is_drafted_only_when_it_fits_the_map(three: Product) -
             pin = pinmod.load(p.root / "pin.toml")
             pin.version, pin.tag, pin.commit = version, f"v{version}", ""
             pinmod.save(pin, d / "pin.toml")
-        t, chosen = prdrafts.newest_target(p.root)
+        t, chosen = drafts.newest_target(p.root)
         assert t == Target(p.root, "0.5.23")
         assert "0.5.24 (its carried series does not fit the PR map, 1 problem(s), first: probe-local-tweak.patch" in chosen
-        out = prdrafts.generate(t, chosen)
+        out = drafts.generate(t, chosen)
         cover = (out / "00-cover.md").read_text()
         assert out.name == "0.5.23" and "the newest release the series is carried to" in cover
         assert "| 0.5.23 (carried) | all | not checked:" in cover and "nox -s apply -- --upstream 0.5.23" in cover
@@ -358,7 +362,7 @@ def test_pr_url_refuses_a_tree_not_applied_at_the_current_series(three: Product)
     try:
         path.write_bytes(before.replace(b"VALUE = 1", b"VALUE = 2"))
         with pytest.raises(ToolError, match="not applied at the current series hash"):
-            prdrafts.record_pr_urls(p.target, {NAMES[0]: URL})
+            prurls.record_pr_urls(p.target, {NAMES[0]: URL})
         assert b"Forwarded: no" in (p.target.series_dir / NAMES[0]).read_bytes()
     finally:
         path.write_bytes(before)
@@ -371,11 +375,7 @@ def test_pr_url_records_an_opened_pr_on_its_patches_and_check_still_passes(
     p = three
     tree = gitutil.out(["rev-parse", "HEAD^{tree}"], p.upstream)
     others = {n: (p.target.series_dir / n).read_bytes() for n in NAMES[1:]}
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--root")
-    prdrafts.register(parser.add_subparsers(dest="command"))
-    ns = parser.parse_args(["--root", str(p.root), "pr-drafts", "--pr-url", f"a={URL}"])
-    assert ns.func(ns) == 0
+    assert cli.main(["--root", str(p.root), "pr-drafts", "--pr-url", f"a={URL}"]) == 0
     assert f"{NAMES[0]}: Forwarded: {URL}" in capsys.readouterr().out
     text = (p.target.series_dir / NAMES[0]).read_text()
     today = time.strftime("%Y-%m-%d", time.gmtime())
@@ -452,7 +452,7 @@ def test_real_series_drafts(tmp_path: Path) -> None:
     prmap = prs.load(t)
     assert [p.id for p in prmap.prs] == ["a", "b", "c"]
     assert [loc.patch for loc in prmap.local] == ["bf16-index-k-aliases.patch", "indexer-capture.patch"]
-    out = prdrafts.generate(t, "sglang 0.5.21, the pin", tmp_path / "out")
+    out = drafts.generate(t, "sglang 0.5.21, the pin", tmp_path / "out")
     cover = (out / "00-cover.md").read_text()
     for pr in prmap.prs:
         assert f"[{pr.title}](pr-{pr.id}.md) | " + "<br>".join(f"`{n}`" for n in pr.patches) in cover
@@ -460,19 +460,19 @@ def test_real_series_drafts(tmp_path: Path) -> None:
     texts = {pr.id: (out / f"pr-{pr.id}.md").read_text() for pr in prmap.prs}
     for pr_id, text in texts.items():
         assert previdence.local_refs(text) == [], pr_id
-        assert text.count("## Motivation") == 1 and f"## {prdrafts.STILL_NEEDS}" in text
+        assert text.count("## Motivation") == 1 and f"## {prose.STILL_NEEDS}" in text
     a, b, c = texts["a"], texts["b"], texts["c"]
     # (a) the bugfix: its own why, its test, no kernel evidence and nothing ticked it has not.
     assert "token-granular copy" in a.split("## Modifications")[0] and "lightning indexer" not in a
-    assert "CPU `base-a-test-cpu`" in a and f"- [x] {prdrafts.CHECK_TESTS}" in a
-    assert f"- [ ] {prdrafts.CHECK_BENCH}" in a and "Kernel parity" not in a
+    assert "CPU `base-a-test-cpu`" in a and f"- [x] {prose.CHECK_TESTS}" in a
+    assert f"- [ ] {prose.CHECK_BENCH}" in a and "Kernel parity" not in a
     # (b) and (c): the one bf16 motivation, with the public collapses linked and the cost.
     for text in (b, c):
         motivation = text.split("## Modifications")[0]
         assert "bf16 is the reference's container, not its precision" in motivation
         assert "22,597 tokens" in motivation and "https://github.com/vllm-project/vllm/issues/55927" in motivation
-        assert all(url in motivation for _, url in prdrafts.PUBLIC_COLLAPSES)
-        assert "KV-pool tokens" in motivation and f"- [x] {prdrafts.CHECK_BENCH}" in text
+        assert all(url in motivation for _, url in prose.PUBLIC_COLLAPSES)
+        assert "KV-pool tokens" in motivation and f"- [x] {prose.CHECK_BENCH}" in text
         assert text.count("4.5K tokens") == 1  # one motivation: the first commit's field story is not repeated
     assert "**Kernel parity, store**" in b and "**Kernel parity, read**" not in b and "**Indexer recall**" not in b
     assert "**Kernel parity, read**" in c and "**Indexer forward**" in c and "**Indexer recall**" in c
@@ -483,8 +483,19 @@ def test_real_series_drafts(tmp_path: Path) -> None:
     assert ("| `--enable-deepseek-v4-fp4-indexer` | Deprecated: use `--deepseek-v4-indexer-k-dtype fp4`. | `False` | "
             "bool flag (set to enable) |") in c
     assert "Deprecation: `--enable-deepseek-v4-fp4-indexer` keeps working" in c
-    assert f"- [ ] {prdrafts.CHECK_DOCS} The rows are in this description" in c
-    needs = c.split(f"## {prdrafts.STILL_NEEDS}")[1]
+    assert f"- [ ] {prose.CHECK_DOCS} The rows are in this description" in c
+    needs = c.split(f"## {prose.STILL_NEEDS}")[1]
     for command in ("sglang.test.few_shot_gsm8k", "sgl-eval run gpqa", "python -m verify.live",
                     "sglang.bench_serving", "max_total_num_tokens", "avg_spec_accept_length", "RTX PRO 6000"):
         assert command in needs, command
+
+
+def test_the_prose_templates_ship_with_the_package() -> None:
+    """The drafts' prose is read with importlib.resources: pyproject's package data must carry every
+    template into an installed (not editable) bf16k, and each must have sections to read."""
+    shipped = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["bf16k"]
+    templates = sorted((REPO_ROOT / "bf16k" / "templates").iterdir())
+    assert templates
+    for path in templates:
+        assert any(fnmatch.fnmatch(f"templates/{path.name}", pattern) for pattern in shipped), path.name
+        assert prose.sections(path.stem), path.name

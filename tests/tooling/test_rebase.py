@@ -1,7 +1,7 @@
 """Carrying the series to a newer upstream: rebase, range-diff and rebase-check on real repositories.
 
 The old base is the real pinned wheel (0.5.21), the new one the real `sglang==0.5.23` wheel from
-PyPI (downloaded once into the bf16k cache by `rebase.release_wheel`). Imports are cached under
+PyPI (downloaded once into the bf16k cache by `releases.release_wheel`). Imports are cached under
 ~/.cache/bf16k/imports.git, so only the first test pays for them.
 """
 
@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from bf16k import gitutil, patches, project, rangediff, rebase, series, upstream
+from bf16k import gitutil, patches, project, rangediff, series, upstream
 from bf16k import pin as pinmod
+from bf16k.carry import engine, finish, releases, state
+from bf16k.carry.messages import Outcome, Stop
 from bf16k.errors import ToolError
 
-from .conftest import INDEXER, Product, commit_files, scratch_repo
+from .conftest import INDEXER, Product, RecordingGate, commit_files, scratch_repo
 from .rebase_support import (
     COMPRESSOR_IMPORT,
     CONFLICT_NAME,
@@ -31,14 +33,12 @@ from .rebase_support import (
     _snapshot,
 )
 
-pytestmark = pytest.mark.usefixtures("no_gate")
-
 # --------------------------------------------------------------------------- clean carry
 
 
 @pytest.mark.slow
 def test_clean_carry_writes_series_next_and_leaves_pin_alone(
-    two_patch_product: Product, wheel_523: Path, no_gate: list[str]
+    two_patch_product: Product, wheel_523: Path, no_gate: RecordingGate
 ) -> None:
     p = two_patch_product
     _context_only_patch(p)
@@ -52,9 +52,9 @@ def test_clean_carry_writes_series_next_and_leaves_pin_alone(
     (tree / ".git" / "rr-cache" / ("ab" * 20)).mkdir(parents=True)
     ((tree / ".git" / "rr-cache" / ("ab" * 20)) / "postimage").write_text("stale\n")
 
-    code, out, err = _cli(p.root, "rebase", REL)
+    code, out, err = _cli(p.root, "rebase", REL, gate=no_gate)
     assert code == 0, err
-    assert no_gate == [REL]  # the carry went through its test gate before writing anything
+    assert no_gate.versions == [REL]  # the carry went through its test gate before writing anything
     assert "cleared 1 recorded rerere resolution" in out
     assert not (tree / ".git" / "rr-cache").exists()
 
@@ -116,7 +116,9 @@ def test_clean_carry_writes_series_next_and_leaves_pin_alone(
 
 
 @pytest.mark.slow
-def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(two_patch_product: Product) -> None:
+def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(
+    two_patch_product: Product, no_gate: RecordingGate
+) -> None:
     p = two_patch_product
     _add(p, INDEXER, Q_SIGNATURE, Q_CONFLICT, "[DSV4] indexer: make q_lora contiguous")
     patches.export(p.target)
@@ -124,7 +126,7 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(two_pat
     before = _snapshot(p.root)
     tree = _carried_tree(p.root)
 
-    code, out, err = _cli(p.root, "rebase", REL)
+    code, out, err = _cli(p.root, "rebase", REL, gate=no_gate)
     assert code == 1, err
     assert f"stopped at patch 3 of 3: '{CONFLICT_NAME}'" in out
     assert f"    {INDEXER}" in out
@@ -137,20 +139,20 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(two_pat
     assert f"build/upstream/{REL}/{INDEXER}:{hunk_lines[0]}" in out
     assert "nox -s rebase -- --continue" in out and "nox -s rebase -- --abort" in out
 
-    code, _, err = _cli(p.root, "rebase", "--skip")
+    code, _, err = _cli(p.root, "rebase", "--skip", gate=no_gate)
     assert code == 2 and "--skip refused" in err and "is not upstream" in err
-    code, _, err = _cli(p.root, "rebase", "--continue", "-m", "indexer.py: not yet")
+    code, _, err = _cli(p.root, "rebase", "--continue", "-m", "indexer.py: not yet", gate=no_gate)
     assert code == 2 and "conflict markers remain" in err
-    assert _cli(p.root, "rebase", "0.5.22")[0] == 2  # one rebase at a time
+    assert _cli(p.root, "rebase", "0.5.22", gate=no_gate)[0] == 2  # one rebase at a time
 
-    code, out, err = _cli(p.root, "rebase", "--abort")
+    code, out, err = _cli(p.root, "rebase", "--abort", gate=no_gate)
     assert code == 0, err
-    assert not tree.exists() and rebase.find_in_progress(p.root) is None
+    assert not tree.exists() and state.find_in_progress(p.root) is None
     assert _snapshot(p.root) == before
     assert not (p.root / "series" / "next").exists()
 
     # Again, and this time resolve by intent: keep 0.5.23's call and make it contiguous.
-    assert _cli(p.root, "rebase", REL)[0] == 1
+    assert _cli(p.root, "rebase", REL, gate=no_gate)[0] == 1
     lines = (tree / INDEXER).read_text().split("\n")
     start = next(i for i, line in enumerate(lines) if line.startswith("<<<<<<< "))
     end = next(i for i, line in enumerate(lines) if line.startswith(">>>>>>> "))
@@ -161,10 +163,10 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(two_pat
     assert "".join(lines[start:end]).count("q, _ = self.wq_b(") == 2  # 0.5.23's call and the patch's
     (tree / INDEXER).write_text("\n".join(lines[:start] + resolved + lines[end + 1 :]))
     # The reason is required, per hunk, and named by its scope.
-    code, _, err = _cli(p.root, "rebase", "--continue")
+    code, _, err = _cli(p.root, "rebase", "--continue", gate=no_gate)
     assert code == 2 and "no reason for:\n  " + INDEXER + " (C4Indexer.compute_q)" in err
     why = "0.5.23 feeds wq_b the fp8 group quant when there is one; keep that and make it contiguous"
-    code, out, err = _cli(p.root, "rebase", "--continue", "-m", f"indexer.py (C4Indexer.compute_q): {why}")
+    code, out, err = _cli(p.root, "rebase", "--continue", "-m", f"indexer.py (C4Indexer.compute_q): {why}", gate=no_gate)
     assert code == 0, err + out
     md = (p.root / "series" / "next" / REL / "range-diff.md").read_text()
     assert (
@@ -181,7 +183,9 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(two_pat
     assert patches.check(project.target(p.root, REL)).problems == []
 
 
-def test_patches_upstream_already_has_are_dropped_and_recorded(two_patch_product: Product) -> None:
+def test_patches_upstream_already_has_are_dropped_and_recorded(
+    two_patch_product: Product, no_gate: RecordingGate
+) -> None:
     p = two_patch_product
     # 0.5.23 made this exact change: git am's 3-way merge leaves nothing, it drops the patch itself.
     _add(
@@ -197,9 +201,9 @@ def test_patches_upstream_already_has_are_dropped_and_recorded(two_patch_product
     names = series.read_order(p.root / "series")
     auto, stopped = names[2], names[3]
 
-    code, out, err = _cli(p.root, "rebase", REL)
+    code, out, err = _cli(p.root, "rebase", REL, gate=no_gate)
     assert code == 1 and f"'{stopped}'" in out, err
-    code, out, err = _cli(p.root, "rebase", "--skip")
+    code, out, err = _cli(p.root, "rebase", "--skip", gate=no_gate)
     assert code == 0, err + out
 
     nxt = p.root / "series" / "next" / REL
@@ -281,32 +285,32 @@ def test_changed_lines_reads_removed_lines_that_look_like_headers(tmp_path: Path
 
 
 def test_newer_releases_skips_pre_releases_and_older(real_pin: pinmod.Pin) -> None:
-    got = rebase.newer_releases(
+    got = releases.newer_releases(
         real_pin, ["0.5.23", "0.5.22", "0.5.24rc1", "0.5.21", "0.5.9", "0.5.22.post1", "0.6.0.dev0", "0.5.30"]
     )
     assert got == ["0.5.22", "0.5.22.post1", "0.5.23", "0.5.30"]
 
 
 def test_target_parsing(real_pin: pinmod.Pin) -> None:
-    assert rebase.resolve_target(real_pin, "0.5.23", None, None).kind == "wheel"
-    rel = rebase.resolve_target(real_pin, "v0.5.23", None, None)
+    assert releases.resolve_target(real_pin, "0.5.23", None, None).kind == "wheel"
+    rel = releases.resolve_target(real_pin, "v0.5.23", None, None)
     assert (rel.kind, rel.version, rel.tag) == ("ref", "0.5.23", "v0.5.23")
     with pytest.raises(ToolError, match="already the pinned"):
-        rebase.resolve_target(real_pin, "0.5.21", None, None)
+        releases.resolve_target(real_pin, "0.5.21", None, None)
     with pytest.raises(ToolError, match="--version"):
-        rebase.resolve_target(real_pin, "main", None, None)
+        releases.resolve_target(real_pin, "main", None, None)
     with pytest.raises(ToolError, match="40-hex"):
-        rebase.resolve_target(real_pin, "0.5.23", None, "abc")
+        releases.resolve_target(real_pin, "0.5.23", None, "abc")
 
 
 def test_upstream_contains_checks_added_and_removed_runs(tmp_path: Path) -> None:
     repo = scratch_repo(tmp_path)
     base = _tiny_commit(repo, {"f.py": "a\nb2\nnew\nc\n"}, "upstream")
     diff = "diff --git a/f.py b/f.py\n--- a/f.py\n+++ b/f.py\n@@ -1,3 +1,3 @@\n a\n-b\n+b2\n c\n"
-    assert rebase.upstream_contains(repo, base, diff) == (True, "")
-    ok, why = rebase.upstream_contains(repo, base, diff.replace("+b2", "+b3"))
+    assert releases.upstream_contains(repo, base, diff) == (True, "")
+    ok, why = releases.upstream_contains(repo, base, diff.replace("+b2", "+b3"))
     assert not ok and "'b3' is not upstream" in why
-    ok, why = rebase.upstream_contains(repo, base, diff.replace("-b\n", "-new\n"))
+    ok, why = releases.upstream_contains(repo, base, diff.replace("-b\n", "-new\n"))
     assert not ok and "'new' is still upstream" in why
 
 
@@ -314,8 +318,8 @@ def test_add_changelog_places_the_entry_under_unreleased_changed(tmp_path: Path)
     (tmp_path / "CHANGELOG.md").write_text(
         "# Changelog\n\n## [Unreleased]\n\n### Added\n- x\n\n## [0.1.0]\n\n### Changed\n- old\n"
     )
-    rebase.add_changelog(tmp_path, "one")
-    rebase.add_changelog(tmp_path, "two")
+    finish.add_changelog(tmp_path, "one")
+    finish.add_changelog(tmp_path, "two")
     text = (tmp_path / "CHANGELOG.md").read_text()
     assert text == (
         "# Changelog\n\n## [Unreleased]\n\n### Added\n- x\n\n### Changed\n- one\n- two\n\n## [0.1.0]\n\n"
@@ -323,7 +327,38 @@ def test_add_changelog_places_the_entry_under_unreleased_changed(tmp_path: Path)
     )
 
 
-def test_cli_without_a_rebase_in_progress(two_patch_product: Product) -> None:
+def test_cli_without_a_rebase_in_progress(two_patch_product: Product, no_gate: RecordingGate) -> None:
     for args in (["rebase", "--continue"], ["rebase", "--abort"], ["rebase"]):
-        code, _, err = _cli(two_patch_product.root, *args)
+        code, _, err = _cli(two_patch_product.root, *args, gate=no_gate)
         assert code == 2 and err.startswith("error: ")
+
+
+def test_recarry_carries_each_release_a_finished_carry_hands_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_gate: RecordingGate
+) -> None:
+    """`finish` hands back the releases still to re-carry; the command starts each in turn, with the
+    Python the finished carry ran its tests with, until one stops."""
+    (tmp_path / "pin.toml").write_text("")
+    for v in ("0.5.22", "0.5.23", "0.5.24"):
+        (tmp_path / "series" / "next" / v).mkdir(parents=True)
+        (tmp_path / "series" / "next" / v / "pin.toml").write_text("")
+    calls: list[tuple[str, list[str], str | None, bool, bool]] = []
+
+    def carried(root: Path, target: str, *, gate: object, python: str | None = None, queue: list[str] | None = None,
+                force: bool = False, allow_older: bool = False, **_: object) -> Outcome:  # fmt: skip
+        assert gate is no_gate
+        calls.append((target, list(queue or []), python, force, allow_older))
+        stop = Stop("tests", total=2) if target == "0.5.24" else None
+        return Outcome(stop, f"carried {target}", queue=list(queue or []), python="python-of-the-carry")
+
+    monkeypatch.setattr(engine, "start", carried)
+    code, out, _ = _cli(tmp_path, "rebase", "--recarry", "--python", "given", gate=no_gate)
+    assert code == 1  # the last one stopped
+    assert calls == [
+        ("0.5.22", ["0.5.23", "0.5.24"], "given", True, True),
+        ("0.5.23", ["0.5.24"], "python-of-the-carry", True, True),
+        ("0.5.24", [], "python-of-the-carry", True, True),
+    ]
+    assert out.endswith(
+        "carried 0.5.22\n\nnext re-carry: sglang 0.5.23\ncarried 0.5.23\n\nnext re-carry: sglang 0.5.24\ncarried 0.5.24\n"
+    )

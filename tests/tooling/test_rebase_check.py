@@ -7,16 +7,14 @@ import pytest
 
 from bf16k import gitutil, patches, series
 
-from .conftest import INDEXER, TRAILERS, WHY, Product, break_first_patch
+from .conftest import INDEXER, TRAILERS, WHY, Product, RecordingGate, break_first_patch
 from .rebase_support import CONFLICT_NAME, Q_CONFLICT, Q_SIGNATURE, REL, _add, _carried_tree, _cli, _tree_hash
-
-pytestmark = pytest.mark.usefixtures("no_gate")
 
 
 @pytest.mark.slow
-def test_rebase_check_reports_per_patch_and_changes_nothing(two_patch_product: Product) -> None:
+def test_rebase_check_reports_per_patch_and_changes_nothing(two_patch_product: Product, no_gate: RecordingGate) -> None:
     p = two_patch_product
-    assert _cli(p.root, "rebase", REL)[0] == 0  # a committed carried series of the two patches
+    assert _cli(p.root, "rebase", REL, gate=no_gate)[0] == 0  # a committed carried series of the two patches
     _add(p, INDEXER, Q_SIGNATURE, Q_CONFLICT, "[DSV4] indexer: make q_lora contiguous")
     patches.export(p.target)
     gitutil.git(["add", "-A", "series", "pin.toml"], p.root)
@@ -45,7 +43,9 @@ def test_rebase_check_reports_per_patch_and_changes_nothing(two_patch_product: P
 HELPER = "python/sglang/srt/layers/attention/dsv4/bf16k_helper.py"
 
 
-def test_rebase_check_counts_conflicts_the_way_a_carry_meets_them(two_patch_product: Product) -> None:
+def test_rebase_check_counts_conflicts_the_way_a_carry_meets_them(
+    two_patch_product: Product, no_gate: RecordingGate
+) -> None:
     """Patch 3 conflicts and creates a module patch 4 edits. Left out, patch 3 would make patch 4
     fail too (what the check used to count); a carry resolves 3 first and 4 applies cleanly."""
     p = two_patch_product
@@ -67,14 +67,14 @@ def test_rebase_check_counts_conflicts_the_way_a_carry_meets_them(two_patch_prod
     assert f"| 3 | `{names[2]}` | conflict |" in out and f"| 4 | `{names[3]}` | clean |" in out
 
     # Carry it, resolving patch 3 by hand: now the check names the carried series that resolves it.
-    assert _cli(p.root, "rebase", REL)[0] == 1
+    assert _cli(p.root, "rebase", REL, gate=no_gate)[0] == 1
     tree = _carried_tree(p.root)
     lines = (tree / INDEXER).read_text().split("\n")
     start = next(i for i, line in enumerate(lines) if line.startswith("<<<<<<< "))
     end = next(i for i, line in enumerate(lines) if line.startswith(">>>>>>> "))
     fix = "        q, _ = self.wq_b((q_lora if q_lora_quant is None else q_lora_quant).contiguous())"
     (tree / INDEXER).write_text("\n".join(lines[:start] + [fix] + lines[end + 1 :]))
-    code, out, err = _cli(p.root, "rebase", "--continue", "-m", "indexer.py: keep 0.5.23's quant, contiguous")
+    code, out, err = _cli(p.root, "rebase", "--continue", "-m", "indexer.py: keep 0.5.23's quant, contiguous", gate=no_gate)
     assert code == 0, out + err
     gitutil.git(["add", "-A", "series", "CHANGELOG.md"], p.root)
     gitutil.git(["commit", "-q", "-m", "carried"], p.root)

@@ -5,24 +5,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from bf16k import gitutil, patches, rebase, series, upstream
+from bf16k import gitutil, patches, series, upstream
 from bf16k import pin as pinmod
+from bf16k.carry import releases
+from bf16k.carry.state import Release
 from bf16k.project import Target
 
-from .conftest import Product
+from .conftest import Product, RecordingGate
 from .rebase_support import REL, _cli
 
-pytestmark = pytest.mark.usefixtures("no_gate")
 
-
-def test_commit_moves_pin_series_and_gitlink(two_patch_product: Product, wheel_523: Path) -> None:
+def test_commit_moves_pin_series_and_gitlink(
+    two_patch_product: Product, wheel_523: Path, no_gate: RecordingGate
+) -> None:
     p = two_patch_product
     old_pin = p.target.load_pin()
     names = series.read_order(p.root / "series")
     given = "1234567890abcdef1234567890abcdef12345678"  # the maintainer's word for 0.5.23's commit
-    code, _, err = _cli(p.root, "rebase", REL, "--commit", given)
+    code, _, err = _cli(p.root, "rebase", REL, "--commit", given, gate=no_gate)
     assert code == 0, err
     pin = pinmod.load(p.root / "pin.toml")
     assert (pin.version, pin.tag, pin.commit) == (REL, f"v{REL}", given)
@@ -43,13 +43,15 @@ def test_commit_moves_pin_series_and_gitlink(two_patch_product: Product, wheel_5
     assert report.problems == [], report.problems
 
 
-def test_commit_fast_forwards_a_current_carried_series(two_patch_product: Product, wheel_523: Path) -> None:
+def test_commit_fast_forwards_a_current_carried_series(
+    two_patch_product: Product, wheel_523: Path, no_gate: RecordingGate
+) -> None:
     p = two_patch_product
-    assert _cli(p.root, "rebase", REL)[0] == 0
+    assert _cli(p.root, "rebase", REL, gate=no_gate)[0] == 0
     nxt = p.root / "series" / "next" / REL
     carried = {q.name: q.read_bytes() for q in nxt.glob("*.patch")}
     given = "abcdefabcdefabcdefabcdefabcdefabcdefabcd"
-    code, out, err = _cli(p.root, "rebase", REL, "--commit", given)
+    code, out, err = _cli(p.root, "rebase", REL, "--commit", given, gate=no_gate)
     assert code == 0, err
     assert "fast-forward" in out
     assert {q.name: q.read_bytes() for q in (p.root / "series").glob("*.patch")} == carried
@@ -58,12 +60,12 @@ def test_commit_fast_forwards_a_current_carried_series(two_patch_product: Produc
 
 
 def test_git_ref_target_from_a_local_file_upstream_moves_the_pin(
-    two_patch_product: Product, tmp_path: Path, real_pin: pinmod.Pin, wheel_523: Path
+    two_patch_product: Product, tmp_path: Path, real_pin: pinmod.Pin, wheel_523: Path, no_gate: RecordingGate
 ) -> None:
     """A networked upstream stood in for by a file:// repository: v0.5.21 and v0.5.23 tags."""
     p = two_patch_product
     cache, ref_old, old = upstream.cached_import(real_pin)
-    rpin = rebase.release_pin(real_pin, rebase.Release(REL, f"v{REL}", "wheel", "", ""), wheel_523)
+    rpin = releases.release_pin(real_pin, Release(REL, f"v{REL}", "wheel", "", ""), wheel_523)
     _, ref_new, new = upstream.cached_import(rpin, parent=real_pin, parent_commit=old, wheel_file=wheel_523)
     remote = tmp_path / "sglang.git"
     gitutil.git(["init", "-q", "--bare", str(remote)], tmp_path)
@@ -74,11 +76,11 @@ def test_git_ref_target_from_a_local_file_upstream_moves_the_pin(
     pin.commit, pin.repository = old, remote.as_uri()  # the pinned commit is the v0.5.21 tag
     pinmod.save(pin, p.target.pin_path)
 
-    code, out, err = _cli(p.root, "rebase", f"v{REL}")
+    code, out, err = _cli(p.root, "rebase", f"v{REL}", gate=no_gate)
     assert code == 0, err + out
     moved = pinmod.load(p.root / "pin.toml")
     assert (moved.version, moved.tag, moved.commit) == (REL, f"v{REL}", new)  # read from the clone
     assert moved.wheel.filename == wheel_523.name
     assert gitutil.out(["ls-files", "--stage", "--", "sglang-upstream"], p.root).startswith(f"160000 {new} ")
-    code, _, err = _cli(p.root, "rebase", "v9.9.9")
+    code, _, err = _cli(p.root, "rebase", "v9.9.9", gate=no_gate)
     assert code == 2 and "could not fetch v9.9.9" in err

@@ -7,7 +7,6 @@ the real 28 MB wheel) and installed once into a fresh venv (``python -m venv``, 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bf16k import gitutil, patches, series, upstream, wheel
+from bf16k import cli, gitutil, patches, series, upstream, wheel
 from bf16k import pin as pinmod
 from bf16k.errors import ToolError
 from bf16k.project import SUBMODULE_PATH, Target
@@ -228,12 +227,8 @@ def test_refuses_a_tree_not_applied_at_the_current_series(built: Built) -> None:
 
 def test_cli_prints_path_and_sha256(built: Built, wheel_path: Path, capsys: pytest.CaptureFixture[str],
                                     tmp_path: Path) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--root")
-    wheel.register(parser.add_subparsers(dest="command"))
-    ns = parser.parse_args(["--root", str(built.product.root), "wheel", "--out", str(tmp_path),
-                            "--wheel-file", str(wheel_path)])
-    assert ns.func(ns) == 0
+    assert cli.main(["--root", str(built.product.root), "wheel", "--out", str(tmp_path),
+                     "--wheel-file", str(wheel_path)]) == 0
     out = capsys.readouterr().out
     path = Path(out.split("wheel: ")[1].split("\n")[0])
     # Shown relative to the working folder when it lies inside (pytest's may: build/tmp/).

@@ -15,19 +15,28 @@ what a not-yet-carried release would meet is a report. Nothing inside the reposi
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bf16k import gitutil, patches, project, rangediff, replay, series, seriestests, upstream
 from bf16k import pin as pinmod
 from bf16k import reasons as reasonsmod
-from bf16k import rebase as rb
+from bf16k.carry import chains, releases
+from bf16k.carry.engine import AM_RESUME_FLAGS, unmerged
+from bf16k.carry.state import OLD_BASE_REF, REPLAY_REF, Bases, Release
 from bf16k.errors import ToolError
 from bf16k.pin import Pin
 from bf16k.project import Target
+
+
+@dataclass
+class ReleaseTree:
+    """A newer release imported in the scratch tree, with series/ applied on the pinned base."""
+
+    version: str
+    detail: str  # where it came from, as the report says it
+    bases: Bases
 
 
 @dataclass
@@ -56,7 +65,7 @@ class ReleaseReport:
 
 
 def _where(repo: Path) -> list[str]:
-    paths = rb.unmerged(repo)
+    paths = unmerged(repo)
     hunks = reasonsmod.marker_hunks(repo, paths)
     found = [f"`{rangediff.short(h.path)}:{h.line}`" + (f" ({h.scope})" if h.scope else "") for h in hunks]
     return found or [f"`{rangediff.short(p)}`" for p in paths]
@@ -78,7 +87,7 @@ def _try(repo: Path, data: bytes, name: str, index: int) -> tuple[str, list[str]
 
 def _settle_in_patch_favour(repo: Path) -> None:
     """Finish a conflicted `git am` taking the patch's side of each conflicting hunk only."""
-    for path in rb.unmerged(repo):
+    for path in unmerged(repo):
         stages = {}
         for n in (1, 2, 3):
             proc = gitutil.git(["show", f":{n}:{path}"], repo, check=False)
@@ -98,16 +107,16 @@ def _settle_in_patch_favour(repo: Path) -> None:
             gitutil.git(["add", "--", path], repo)
         else:
             gitutil.git(["rm", "-q", "--", path], repo, check=False)
-    proc = gitutil.git(["am", "--continue", *rb.AM_RESUME_FLAGS], repo, check=False)
+    proc = gitutil.git(["am", "--continue", *AM_RESUME_FLAGS], repo, check=False)
     if patches.am_in_progress(repo):
-        gitutil.git(["am", "--skip", *rb.AM_RESUME_FLAGS], repo, check=False)
+        gitutil.git(["am", "--skip", *AM_RESUME_FLAGS], repo, check=False)
     if patches.am_in_progress(repo) or proc.returncode not in (0, 1):
         patches.abort_am(repo)
 
 
 def _other_carried(root: Path, version: str, name: str) -> list[tuple[str, bytes]]:
     out = []
-    for v in reversed(rangediff.carried_versions(root)):
+    for v in reversed(project.carried_versions(root)):
         d = Target(root, v).series_dir
         if v != version and name in series.read_order(d):
             out.append((v, (d / name).read_bytes()))
@@ -125,33 +134,30 @@ def _also_resolved(root: Path, repo: Path, version: str, name: str, index: int) 
 
 
 def _check_with_carried(
-    root: Path, repo: Path, state: dict[str, Any], names: list[str], series_dir: Path, carried_dir: Path
+    root: Path, repo: Path, release: ReleaseTree, names: list[str], series_dir: Path, carried_dir: Path
 ) -> ReleaseReport:
     """Each patch on the carried predecessors, and what a replay of the carried series does."""
-    version = state["version"]
-    report = ReleaseReport(version, state["source_detail"])
+    version, bases = release.version, release.bases
+    report = ReleaseReport(version, release.detail)
     report.basis = f"each patch on the patches before it as carried in `series/next/{version}/`"
     carried_names = series.read_order(carried_dir)
-    chain = rb._apply_chain(
-        repo, state["new_base"], [(carried_dir / n).read_bytes() for n in carried_names], carried_names,
-        f"{rb.REPLAY_REF}/check",
+    chain = chains.apply_chain(
+        repo, bases.new_base, [(carried_dir / n).read_bytes() for n in carried_names], carried_names,
+        f"{REPLAY_REF}/check",
     ) or []  # fmt: skip
     position = {n: i for i, n in enumerate(carried_names)}
-    plan = rb._replay_plan(root, repo, state, carried_dir, names)
+    plan = chains.replay_plan(root, repo, bases, carried_dir, names)
     clean_replay: set[str] = set()
     replay_stop = ""
     if plan:
-        i_prev = plan["I_prev"]
-        for k in range(plan["count"]):
-            o, c, n = (replay.tree_of(repo, plan[x][k]) for x in ("O", "C", "N"))
+        for k in range(plan.count):
+            o, c, n = (replay.tree_of(repo, chain_[k]) for chain_ in (plan.then, plan.carried, plan.now))
             merged = replay.merge_trees(repo, o, c, n)
             if merged.conflicts:
                 replay_stop = f"stops at patch {k + 1} '{names[k]}' ({', '.join(merged.conflicts)})"
                 break
             clean_replay.add(names[k])
-            i_prev = merged.tree
-        del i_prev
-        rest = len(names) - plan["count"]
+        rest = len(names) - plan.count
         report.replay = (
             f"A re-carry from today's series/ (`nox -s rebase -- --recarry {version}`) replays "
             f"`series/next/{version}/` " + (replay_stop if replay_stop else f"cleanly for {len(clean_replay)} patches")
@@ -165,7 +171,7 @@ def _check_with_carried(
     for k, name in enumerate(names):
         preds = names[:k]
         if chain and all(n in position for n in preds) and [position[n] for n in preds] == list(range(len(preds))):
-            patches.reset_to(repo, chain[k - 1] if k else state["new_base"])
+            patches.reset_to(repo, chain[k - 1] if k else bases.new_base)
         else:
             report.results.append(PatchResult(name, "not checked", ["its predecessors are not carried in order"]))
             continue
@@ -179,15 +185,15 @@ def _check_with_carried(
     return report
 
 
-def _check_fresh(root: Path, repo: Path, state: dict[str, Any], names: list[str], series_dir: Path) -> ReleaseReport:
+def _check_fresh(root: Path, repo: Path, release: ReleaseTree, names: list[str], series_dir: Path) -> ReleaseReport:
     """A release nobody carried yet: `git am -3`, each conflict settled in the patch's favour."""
-    version = state["version"]
-    report = ReleaseReport(version, state["source_detail"])
+    version = release.version
+    report = ReleaseReport(version, release.detail)
     report.basis = (
         "each patch on the patches before it, conflicting hunks of those taken as the patches have them "
         "(no carried series for this release)"
     )
-    patches.reset_to(repo, state["new_base"])
+    patches.reset_to(repo, release.bases.new_base)
     for k, name in enumerate(names):
         data = (series_dir / name).read_bytes()
         status, where = _try(repo, data, name, k)
@@ -203,23 +209,21 @@ def _check_fresh(root: Path, repo: Path, state: dict[str, Any], names: list[str]
 
 
 def check_release(root: Path, repo: Path, pin: Pin, version: str, names: list[str]) -> ReleaseReport | str:
-    wheel = rb.release_wheel(version, pin)
-    if not rb.wheel_has_dsv4(wheel):
-        return f"Skipped: {wheel.name} has no `{rb.DSV4_MODEL}`."
-    rel = rb.Release(version, f"v{version}", "wheel", "", "")
-    rpin = rb.release_pin(pin, rel, wheel)
+    wheel = releases.release_wheel(version, pin)
+    if not releases.wheel_has_dsv4(wheel):
+        return f"Skipped: {wheel.name} has no `{releases.DSV4_MODEL}`."
+    rpin = releases.release_pin(pin, Release(version, f"v{version}", "wheel", "", ""), wheel)
     cache, pref, old_base = upstream.cached_import(pin)
     _, ref, base = upstream.cached_import(rpin, parent=pin, parent_commit=old_base, wheel_file=wheel)
-    upstream.fetch_import(repo, cache, pref, rb.OLD_BASE_REF)
+    upstream.fetch_import(repo, cache, pref, OLD_BASE_REF)
     upstream.fetch_import(repo, cache, ref, f"refs/bf16k/check/{version}")
     series_dir = root / "series"
-    old_tip = rb._apply_old_series(repo, old_base, series_dir, names)
-    state = {"version": version, "old_base": old_base, "new_base": base, "old_tip": old_tip,
-             "source_detail": f"PyPI wheel {wheel.name}, base {base[:12]}"}  # fmt: skip
+    old_tip = chains.apply_old_series(repo, old_base, series_dir, names)
+    release = ReleaseTree(version, f"PyPI wheel {wheel.name}, base {base[:12]}", Bases(old_base, base, old_tip))
     carried_dir = Target(root, version).series_dir
     if (carried_dir / "pin.toml").is_file():
-        return _check_with_carried(root, repo, state, names, series_dir, carried_dir)
-    return _check_fresh(root, repo, state, names, series_dir)
+        return _check_with_carried(root, repo, release, names, series_dir, carried_dir)
+    return _check_fresh(root, repo, release, names, series_dir)
 
 
 def _release_section(report: ReleaseReport | str, version: str, total: int) -> list[str]:
@@ -250,7 +254,7 @@ def _release_section(report: ReleaseReport | str, version: str, total: int) -> l
 def _carried_section(root: Path, tmp: Path, python: seriestests.TestPython | None) -> tuple[bool, list[str]]:
     ok = True
     lines = ["## Carried series under series/next/", ""]
-    carried = rangediff.carried_versions(root)
+    carried = project.carried_versions(root)
     if not carried:
         return True, lines + ["- none"]
     applied: dict[str, Path] = {}
@@ -292,7 +296,7 @@ def _carried_section(root: Path, tmp: Path, python: seriestests.TestPython | Non
 
 
 def rebase_check(
-    root: Path, releases: list[str] | None = None, *, run_tests: bool = True, python: str | None = None
+    root: Path, versions_to_try: list[str] | None = None, *, run_tests: bool = True, python: str | None = None
 ) -> tuple[bool, str]:
     """(ok, markdown report). Never writes inside ``root``: all work happens in a temp folder."""
     pin = pinmod.load(root / "pin.toml")
@@ -300,15 +304,16 @@ def rebase_check(
     names = series.read_order(series_dir)
     # Fail fast on a missing test Python: it is what decides the result.
     tester = seriestests.find_python(root, python) if run_tests else None
-    versions = rb.newer_releases(pin, releases if releases is not None else rb.index_versions("sglang"))
+    offered = versions_to_try if versions_to_try is not None else releases.index_versions("sglang")
+    versions = releases.newer_releases(pin, offered)
     n = len(names)
     lines = [f"# rebase-check: series/ ({n} {'patch' if n == 1 else 'patches'}) on sglang {pin.version}", ""]
     with tempfile.TemporaryDirectory(prefix="bf16k-rebase-check-") as tmp:
         repo = Path(tmp) / "carry"
         cache, ref, old_base = upstream.cached_import(pin)
-        upstream.fetch_import(repo, cache, ref, rb.OLD_BASE_REF)
+        upstream.fetch_import(repo, cache, ref, OLD_BASE_REF)
         try:
-            rb._apply_old_series(repo, old_base, series_dir, names)
+            chains.apply_old_series(repo, old_base, series_dir, names)
         except ToolError as exc:  # `check` fails for this; here it only means nothing can be carried
             lines += [f"Not carried: {exc}", ""]
             versions = []
@@ -324,24 +329,3 @@ def rebase_check(
     failed = "FAILED (a committed carried series no longer applies or its tests fail)"
     lines += ["", "Result: " + ("OK" if ok else failed), ""]
     return ok, "\n".join(lines)
-
-
-def cmd_rebase_check(ns: argparse.Namespace) -> int:
-    root = project.find_root(Path(ns.root) if getattr(ns, "root", None) else None)
-    ok, text = rebase_check(root, ns.releases, run_tests=not ns.no_tests, python=ns.python)
-    print(text)
-    if ns.output:
-        Path(ns.output).write_text(text)
-    return 0 if ok else 1
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "rebase-check",
-        help="what carrying the series to each newer release meets; every carried series still holds",
-    )
-    p.add_argument("--releases", nargs="+", metavar="VERSION", help="releases to try (default: the index's)")
-    p.add_argument("--output", metavar="PATH", help="also write the markdown report here")
-    p.add_argument("--no-tests", action="store_true", help="skip the carried series' tests (apply + round trip only)")
-    p.add_argument("--python", metavar="PATH", help="the Python that runs the series' tests")
-    p.set_defaults(func=cmd_rebase_check)
