@@ -60,7 +60,9 @@ def build(session: nox.Session) -> None:
     # System site-packages: a deployment's own torch compiles the JIT cache it will look up (the
     # cache key names the torch version). Without one, the test environment's torch does, instead
     # of a second multi-GiB torch in this venv.
-    has_torch = subprocess.run([f"{session.bin}/python", "-c", "import torch"], capture_output=True, check=False)
+    has_torch = subprocess.run(
+        [f"{session.bin}/python", "-c", "import torch"], capture_output=True, check=False
+    )
     if has_torch.returncode:
         _in_test_env(session, "-m", "bf16k", "build", *session.posargs)
         return
@@ -78,9 +80,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, tags=["ci"], default=False)
 def lint(session: nox.Session) -> None:
-    """ruff, mypy (--strict over bf16k, every function body of verify); the applied series against upstream's format, production-code and CI-registration rules."""
+    """ruff check and format, mypy (--strict over bf16k, every function body of verify); the applied series against upstream's format, production-code and CI-registration rules."""
     session.install("ruff==0.17.6", "mypy==2.4.1")
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")  # the product's own Python, pyproject's settings
     session.run("mypy")  # packages and strictness from pyproject's [tool.mypy]
     session.run("python", "-m", "bf16k.upstreamlint", *session.posargs)  # bf16k.upstreamlint says what
 

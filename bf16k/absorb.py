@@ -43,8 +43,9 @@ def dirty_hunks(repo: Path) -> list[_DiffHunk]:
     ).stdout.decode("utf-8", errors="replace")
     return [
         _DiffHunk(fd.path, list(fd.header), h.old_start, h.old_count, h.new_start, [h.header, *h.lines])
-        for fd in diffs.parse(text) for h in fd.hunks
-    ]  # fmt: skip
+        for fd in diffs.parse(text)
+        for h in fd.hunks
+    ]
 
 
 def _file_lines(repo: Path, rev: str, path: str) -> int:
@@ -52,7 +53,9 @@ def _file_lines(repo: Path, rev: str, path: str) -> int:
     return proc.stdout.count(b"\n") if proc.returncode == 0 else 0
 
 
-def _target(repo: Path, hunk: _DiffHunk, index_of: dict[str, int], touchers: dict[str, list[int]], where: str) -> int:
+def _target(
+    repo: Path, hunk: _DiffHunk, index_of: dict[str, int], touchers: dict[str, list[int]], where: str
+) -> int:
     """The patch (index) an edited hunk belongs to."""
     length = _file_lines(repo, "HEAD", hunk.path)
     if hunk.old_count:
@@ -63,7 +66,9 @@ def _target(repo: Path, hunk: _DiffHunk, index_of: dict[str, int], touchers: dic
     lo = min(lo, hi)
     found: list[int] = []
     if length:
-        out = gitutil.git(["blame", "--porcelain", "-L", f"{lo},{hi}", "HEAD", "--", hunk.path], repo, check=False)
+        out = gitutil.git(
+            ["blame", "--porcelain", "-L", f"{lo},{hi}", "HEAD", "--", hunk.path], repo, check=False
+        )
         for line in out.stdout.decode("utf-8", errors="replace").split("\n"):
             sha = line.split(" ", 1)[0]
             if len(sha) == 40 and sha in index_of:
@@ -145,7 +150,9 @@ def absorb(repo: Path, base: str, tip: str, text: str) -> tuple[list[str], list[
         gitutil.git(["apply", "--cached", "--unidiff-zero", "-"], repo, input_bytes=patch.encode())
         gitutil.git(["commit", "-q", "--no-verify", f"--fixup={commits[first]}"], repo)
         files = sorted({d.path for d in group})
-        notes.append(f"absorbed {len(group)} edited hunk(s) of {', '.join(files)} into patch {first + 1} '{names[first]}'")
+        notes.append(
+            f"absorbed {len(group)} edited hunk(s) of {', '.join(files)} into patch {first + 1} '{names[first]}'"
+        )
     proc = gitutil.git(["rebase", "-q", "-i", "--autosquash", base], repo, check=False)
     if proc.returncode != 0:
         gitutil.git(["rebase", "--abort"], repo, check=False)
@@ -157,7 +164,9 @@ def absorb(repo: Path, base: str, tip: str, text: str) -> tuple[list[str], list[
         )
     after = gitutil.out(["rev-list", "--reverse", f"{base}..HEAD"], repo).split()
     if [rangediff.patch_name(repo, c) for c in after] != names:
-        raise ToolError("after squashing the fixups the patches are not the series any more; --abort and carry again")
+        raise ToolError(
+            "after squashing the fixups the patches are not the series any more; --abort and carry again"
+        )
     return notes, found
 
 

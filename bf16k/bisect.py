@@ -75,8 +75,12 @@ def importable(repo: Path, modules: list[str], python: TestPython) -> dict[str, 
         return {}
     proc = subprocess.run(
         [python.path, "-c", _IMPORT_ALL, *modules],
-        cwd=repo, env=python.env(repo), capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=repo,
+        env=python.env(repo),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     try:
         errors = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -149,7 +153,9 @@ class _Checker:
         elif result is not None:
             step.notes.append(f"series tests: {result.summary()}")
 
-    def _import_and_test(self, modules: list[str], tests: list[str]) -> tuple[dict[str, str], seriestests.TestRun]:
+    def _import_and_test(
+        self, modules: list[str], tests: list[str]
+    ) -> tuple[dict[str, str], seriestests.TestRun]:
         """The imports (by a plugin, before collection) and the tests in one pytest process."""
         with tempfile.TemporaryDirectory(prefix="bf16k-imports-") as tmp:
             plugin_dir = Path(tmp)
@@ -171,8 +177,12 @@ class _Checker:
 
 
 def _say(index: int, total: int, step: Step) -> None:
-    print(f"[{index + 1}/{total}] {step.name}: " + ("FAIL" if step.problems else "ok")
-          + (f" ({'; '.join(step.notes)})" if step.notes else ""), flush=True)  # fmt: skip
+    print(
+        f"[{index + 1}/{total}] {step.name}: "
+        + ("FAIL" if step.problems else "ok")
+        + (f" ({'; '.join(step.notes)})" if step.notes else ""),
+        flush=True,
+    )
 
 
 def run(t: Target, *, python: TestPython | None = None, run_tests: bool = True) -> list[Step]:
@@ -226,11 +236,16 @@ def check_commits(
     if not commits:
         return []
     files_per_commit = [
-        gitutil.out(["diff-tree", "--no-commit-id", "--name-only", "-r", c], repo).splitlines() for c in commits
+        gitutil.out(["diff-tree", "--no-commit-id", "--name-only", "-r", c], repo).splitlines()
+        for c in commits
     ]
     touched = sorted({f for files in files_per_commit for f in files})
-    created = {f for f in touched if not gitutil.has_commit(repo, base) or
-               gitutil.git(["cat-file", "-e", f"{base}:{f}"], repo, check=False).returncode != 0}  # fmt: skip
+    created = {
+        f
+        for f in touched
+        if not gitutil.has_commit(repo, base)
+        or gitutil.git(["cat-file", "-e", f"{base}:{f}"], repo, check=False).returncode != 0
+    }
     seen_at: list[list[str]] = []
     seen: list[str] = []
     for files in files_per_commit:
@@ -264,7 +279,9 @@ def check_commits(
         clones = [stack.enter_context(_worktree(repo)) for _ in range(jobs)]
         gitutil.git(["checkout", "-q", "-f", base], clones[0])
         on_base = base_imports(clones[0], touched, created, python)
-        workers = [threading.Thread(target=work, args=(clone, _Checker(clone, on_base, python))) for clone in clones]
+        workers = [
+            threading.Thread(target=work, args=(clone, _Checker(clone, on_base, python))) for clone in clones
+        ]
         for worker in workers:
             worker.start()
         for worker in workers:

@@ -52,7 +52,9 @@ def load_manifest(root: Path) -> tuple[list[Kernel], list[Arch]]:
     kernels = [
         Kernel(k["name"], tuple(k.get("imports", [])), k["call"], k.get("why", "")) for k in data["kernel"]
     ]
-    archs = [Arch(a["name"], int(a["major"]), int(a["minor"]), str(a.get("suffix", ""))) for a in data["arch"]]
+    archs = [
+        Arch(a["name"], int(a["major"]), int(a["minor"]), str(a.get("suffix", ""))) for a in data["arch"]
+    ]
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise ToolError(f"{path}: kernel names must be unique")
@@ -117,14 +119,24 @@ def run_worker(
         "kernels": [{"name": k.name, "imports": list(k.imports), "call": k.call} for k in kernels],
     }
     proc = subprocess.run(
-        [python, "-m", "bf16k.build_worker"], input=json.dumps(request), capture_output=True, text=True,
-        env=env, cwd=t.root, check=False,
-    )  # fmt: skip
+        [python, "-m", "bf16k.build_worker"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=t.root,
+        check=False,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise ToolError(f"the build worker for {arch.name} failed (exit {proc.returncode}):\n{proc.stderr.strip()[-4000:]}")
+        raise ToolError(
+            f"the build worker for {arch.name} failed (exit {proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
+        )
     data = json.loads(lines[-1])
-    return [Result(r["kernel"], arch.name, r["ok"], r["seconds"], r["loaded"], r["message"]) for r in data["results"]]
+    return [
+        Result(r["kernel"], arch.name, r["ok"], r["seconds"], r["loaded"], r["message"])
+        for r in data["results"]
+    ]
 
 
 def build(
@@ -148,7 +160,11 @@ def build(
         chosen = [gpu] if gpu else default_archs
     cache = cache or (t.build_dir / "jit-cache")
     cache.mkdir(parents=True, exist_ok=True)
-    where = f"local GPU {gpu.name}: compile and load" if gpu else "no GPU: compile (and load the host module) only"
+    where = (
+        f"local GPU {gpu.name}: compile and load"
+        if gpu
+        else "no GPU: compile (and load the host module) only"
+    )
     print(f"build: {len(kernels)} kernel instantiation(s) x {', '.join(a.name for a in chosen)} ({where})")
     results: list[Result] = []
     for arch in chosen:

@@ -30,16 +30,26 @@ def main() -> int:
                 exec(line, namespace)  # noqa: S102 - same
             with arch.override_jit_cuda_arch(major, minor, suffix):
                 module = eval(kernel["call"], namespace)
-            results.append({
-                "kernel": kernel["name"], "ok": module is not None, "loaded": bool(request["load"]),
-                "seconds": time.monotonic() - start, "message": "",
-            })  # fmt: skip
+            results.append(
+                {
+                    "kernel": kernel["name"],
+                    "ok": module is not None,
+                    "loaded": bool(request["load"]),
+                    "seconds": time.monotonic() - start,
+                    "message": "",
+                }
+            )
         except BaseException as exc:  # noqa: BLE001 - a compiler error must not hide the other kernels
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            results.append({
-                "kernel": kernel["name"], "ok": False, "loaded": False,
-                "seconds": time.monotonic() - start, "message": text[-6000:],
-            })  # fmt: skip
+            results.append(
+                {
+                    "kernel": kernel["name"],
+                    "ok": False,
+                    "loaded": False,
+                    "seconds": time.monotonic() - start,
+                    "message": text[-6000:],
+                }
+            )
     print(json.dumps({"results": results}))
     return 0
 

@@ -62,14 +62,21 @@ def load(series_dir: Path) -> Carried:
     c.dropped = {str(k): str(v) for k, v in dict(data.get("dropped", {})).items()}
     v = dict(data.get("verified", {}))
     c.verified = Verified(
-        str(v.get("tests", "")), int(v.get("tests_seconds", 0)),
-        str(v.get("bisect", "")), int(v.get("bisect_seconds", 0)),
-    )  # fmt: skip
+        str(v.get("tests", "")),
+        int(v.get("tests_seconds", 0)),
+        str(v.get("bisect", "")),
+        int(v.get("bisect_seconds", 0)),
+    )
     for item in list(data.get("resolution", [])):
         try:
             c.resolutions.append(
-                Reason(str(item["patch"]), str(item["path"]), str(item.get("scope", "")),
-                       str(item["why"]), str(item.get("kind", "conflict")))
+                Reason(
+                    str(item["patch"]),
+                    str(item["path"]),
+                    str(item.get("scope", "")),
+                    str(item["why"]),
+                    str(item.get("kind", "conflict")),
+                )
             )
         except (KeyError, TypeError) as exc:
             raise ToolError(f"{path}: a [[resolution]] lacks {exc}") from exc

@@ -53,9 +53,11 @@ class Command:
 def _source_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--upstream", metavar="VERSION", help="work on a carried release (series/next/VERSION)")
     p.add_argument(
-        "--source", choices=("auto", "submodule", "wheel"), default="auto",
+        "--source",
+        choices=("auto", "submodule", "wheel"),
+        default="auto",
         help="where upstream comes from (auto: the submodule if it can be had, else the PyPI wheel)",
-    )  # fmt: skip
+    )
     p.add_argument("--wheel-file", type=Path, help="use this copy of the pinned wheel (sha256-checked)")
 
 
@@ -65,7 +67,9 @@ def _upstream_option(p: argparse.ArgumentParser) -> None:
 
 def _apply_options(p: argparse.ArgumentParser) -> None:
     _source_options(p)
-    p.add_argument("--stop-if-dirty", action="store_true", help="stop instead of saving uncommitted work to a ref")
+    p.add_argument(
+        "--stop-if-dirty", action="store_true", help="stop instead of saving uncommitted work to a ref"
+    )
 
 
 def _apply(call: Call) -> int:
@@ -123,7 +127,9 @@ def _test_env(call: Call) -> int:
 
 
 def _tests_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--upstream", metavar="VERSION", help="only the series' tests, on this carried release's tree")
+    p.add_argument(
+        "--upstream", metavar="VERSION", help="only the series' tests, on this carried release's tree"
+    )
 
 
 def _tests(call: Call) -> int:
@@ -151,7 +157,9 @@ def _tests(call: Call) -> int:
     options = [a for a in rest if a not in paths]
     series_tests = [f"{t.upstream_dir.name}/{p}" for p in seriestests.series_test_files(t.upstream_dir)]
     targets = paths or ["tests", *series_tests]
-    return subprocess.run([sys.executable, "-m", "pytest", *targets, *options], cwd=t.root, check=False).returncode
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *targets, *options], cwd=t.root, check=False
+    ).returncode
 
 
 def _build_options(p: argparse.ArgumentParser) -> None:
@@ -192,9 +200,11 @@ def _measure_setup(call: Call) -> int:
 
     root = call.root
     return freshclone.measure_setup(
-        root, root / (Path(call.ns.out) if call.ns.out else freshclone.RESULT),
-        workdir=Path(call.ns.workdir) if call.ns.workdir else None, keep=call.ns.keep,
-    )  # fmt: skip
+        root,
+        root / (Path(call.ns.out) if call.ns.out else freshclone.RESULT),
+        workdir=Path(call.ns.workdir) if call.ns.workdir else None,
+        keep=call.ns.keep,
+    )
 
 
 # --------------------------------------------------------------------------- carrying
@@ -221,9 +231,12 @@ def _rebase_options(p: argparse.ArgumentParser) -> None:
         "its recorded resolutions; --continue goes on to the next release",
     )
     p.add_argument(
-        "-m", "--message", action="append", metavar="TEXT",
+        "-m",
+        "--message",
+        action="append",
+        metavar="TEXT",
         help="with --continue: why, one line per hand-made hunk: '<file> (<scope>): <why>' (repeatable)",
-    )  # fmt: skip
+    )
     p.add_argument("--message-file", metavar="PATH", help="with --continue: the reasons, from a file")
     p.add_argument(
         "--commit",
@@ -234,13 +247,15 @@ def _rebase_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wheel-file", type=Path, help="use this copy of the target release's wheel")
     p.add_argument("--force", action="store_true", help="re-carry over an existing series/next/<version>/")
     p.add_argument(
-        "--allow-older", action="store_true",
+        "--allow-older",
+        action="store_true",
         help="port the series to a release older than the pin (into series/next/<version>/)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--python", metavar="PATH",
+        "--python",
+        metavar="PATH",
         help=f"the Python that runs the series' tests (default: ${PYTHON_ENV}, else a venv under .nox/)",
-    )  # fmt: skip
+    )
 
 
 def _rebase(call: Call) -> int:
@@ -259,31 +274,55 @@ def _rebase(call: Call) -> int:
         if ns.skip:
             outcome = engine.skip(root, gate=gate, python=ns.python)
         else:
-            messages = list(ns.message or []) + ([Path(ns.message_file).read_text()] if ns.message_file else [])
+            messages = list(ns.message or []) + (
+                [Path(ns.message_file).read_text()] if ns.message_file else []
+            )
             outcome = engine.resume(root, gate=gate, messages=messages, python=ns.python)
     elif ns.recarry:
         versions = [ns.target] if ns.target else project.carried_versions(root)
         if not versions:
             raise ToolError("nothing to re-carry: no carried series under series/next/")
         if ns.commit:
-            raise ToolError("--recarry re-carries series/next/<version>/; --commit moves the pin: one at a time")
-        print(f"re-carrying {', '.join(versions)} from today's series/ (recorded resolutions replayed)", flush=True)
-        outcome = engine.start(root, versions[0], gate=gate, wheel_file=ns.wheel_file, force=True, allow_older=True,
-                               python=ns.python, queue=versions[1:])  # fmt: skip
+            raise ToolError(
+                "--recarry re-carries series/next/<version>/; --commit moves the pin: one at a time"
+            )
+        print(
+            f"re-carrying {', '.join(versions)} from today's series/ (recorded resolutions replayed)",
+            flush=True,
+        )
+        outcome = engine.start(
+            root,
+            versions[0],
+            gate=gate,
+            wheel_file=ns.wheel_file,
+            force=True,
+            allow_older=True,
+            python=ns.python,
+            queue=versions[1:],
+        )
     else:
         if not ns.target:
             raise ToolError(
                 "give a target: a release (0.5.23) or a git ref (v0.5.23); or --continue/--skip/--abort"
             )
         outcome = engine.start(
-            root, ns.target, gate=gate, commit=ns.commit, version=ns.version, wheel_file=ns.wheel_file,
-            force=ns.force, allow_older=ns.allow_older, python=ns.python,
-        )  # fmt: skip
+            root,
+            ns.target,
+            gate=gate,
+            commit=ns.commit,
+            version=ns.version,
+            wheel_file=ns.wheel_file,
+            force=ns.force,
+            allow_older=ns.allow_older,
+            python=ns.python,
+        )
     while outcome.stop is None and outcome.queue:  # --recarry: each release a carry of its own
         print(outcome.message, flush=True)
         nxt, rest = outcome.queue[0], outcome.queue[1:]
         print(f"\nnext re-carry: sglang {nxt}", flush=True)
-        outcome = engine.start(root, nxt, gate=gate, force=True, allow_older=True, python=outcome.python, queue=rest)
+        outcome = engine.start(
+            root, nxt, gate=gate, force=True, allow_older=True, python=outcome.python, queue=rest
+        )
     print(outcome.message)
     return 1 if outcome.stop else 0
 
@@ -291,7 +330,9 @@ def _rebase(call: Call) -> int:
 def _rebase_check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--releases", nargs="+", metavar="VERSION", help="releases to try (default: the index's)")
     p.add_argument("--output", metavar="PATH", help="also write the markdown report here")
-    p.add_argument("--no-tests", action="store_true", help="skip the carried series' tests (apply + round trip only)")
+    p.add_argument(
+        "--no-tests", action="store_true", help="skip the carried series' tests (apply + round trip only)"
+    )
     p.add_argument("--python", metavar="PATH", help="the Python that runs the series' tests")
 
 
@@ -337,7 +378,9 @@ def _range_diff(call: Call) -> int:
 
 def _wheel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--upstream", metavar="VERSION", help="build from a carried release (series/next/VERSION)")
-    p.add_argument("--wheel-file", type=Path, help="use this copy of the pinned upstream wheel (sha256-checked)")
+    p.add_argument(
+        "--wheel-file", type=Path, help="use this copy of the pinned upstream wheel (sha256-checked)"
+    )
     p.add_argument("--out", type=Path, help="output folder (default build/wheel)")
 
 
@@ -349,7 +392,9 @@ def _wheel(call: Call) -> int:
     t = call.target()
     built = wheel.build_wheel(t, wheel_file=call.ns.wheel_file, out_dir=call.ns.out)
     n = built.counts()
-    shown = os.path.relpath(built.path, Path.cwd()) if built.path.is_relative_to(Path.cwd()) else str(built.path)
+    shown = (
+        os.path.relpath(built.path, Path.cwd()) if built.path.is_relative_to(Path.cwd()) else str(built.path)
+    )
     print(f"wheel: {shown}")
     print(f"sha256: {built.sha256}")
     print(
@@ -361,13 +406,23 @@ def _wheel(call: Call) -> int:
 
 
 def _pr_drafts_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--upstream", metavar="VERSION", help="draft against this release (default: the newest carried one the map fits)")
     p.add_argument(
-        "--pr-url", action="append", default=[], metavar="ID=URL|PATCH=URL",
+        "--upstream",
+        metavar="VERSION",
+        help="draft against this release (default: the newest carried one the map fits)",
+    )
+    p.add_argument(
+        "--pr-url",
+        action="append",
+        default=[],
+        metavar="ID=URL|PATCH=URL",
         help="record an opened PR: rewrite the Forwarded: trailer of that PR's patches (or one patch) and re-export",
-    )  # fmt: skip
-    p.add_argument("--check", action="store_true",
-                   help="also run each PR's own tests on its base, on the pin and the newest carried release (slow)")
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="also run each PR's own tests on its base, on the pin and the newest carried release (slow)",
+    )
     p.add_argument("--out", type=Path, help="output folder (default build/pr-drafts/<version>)")
 
 
@@ -415,7 +470,9 @@ def _upstream_lint(call: Call) -> int:
     for f in report.findings:
         print(f"upstream-lint: {f}")
     if report.findings:
-        print(f"upstream-lint: {len(report.findings)} finding(s); fix them in the patch commits and `nox -s export`")
+        print(
+            f"upstream-lint: {len(report.findings)} finding(s); fix them in the patch commits and `nox -s export`"
+        )
         return 1
     print("upstream-lint: the series meets upstream's format, production-code and test-registration rules")
     return 0
@@ -432,24 +489,53 @@ _SOURCE_COMMANDS = (
 )
 COMMANDS: tuple[Command, ...] = (
     *_SOURCE_COMMANDS,
-    Command("test-env", "run python in the one environment the test sessions share (.nox/test-env)",
-            _test_env_options, _test_env),
-    Command("tests", "the project's tests (tooling, verification, series); --upstream V: that tree's series tests",
-            _tests_options, _tests, passes_rest=True),
+    Command(
+        "test-env",
+        "run python in the one environment the test sessions share (.nox/test-env)",
+        _test_env_options,
+        _test_env,
+    ),
+    Command(
+        "tests",
+        "the project's tests (tooling, verification, series); --upstream V: that tree's series tests",
+        _tests_options,
+        _tests,
+        passes_rest=True,
+    ),
     Command("build", "compile every CUDA kernel instantiation the bf16 path uses", _build_options, _build),
-    Command("bisect", "apply each prefix of the series and check it imports, compiles, passes",
-            _bisect_options, _bisect),
-    Command("measure-setup", "time and weigh README's set-up on a fresh clone (for README's figures)",
-            _measure_setup_options, _measure_setup),
+    Command(
+        "bisect",
+        "apply each prefix of the series and check it imports, compiles, passes",
+        _bisect_options,
+        _bisect,
+    ),
+    Command(
+        "measure-setup",
+        "time and weigh README's set-up on a fresh clone (for README's figures)",
+        _measure_setup_options,
+        _measure_setup,
+    ),
     Command("rebase", "carry the series to another upstream release (or git ref)", _rebase_options, _rebase),
-    Command("rebase-check", "what carrying the series to each newer release meets; every carried series still holds",
-            _rebase_check_options, _rebase_check),
-    Command("range-diff", "classify each patch of series/ against a carried series (PR description markdown)",
-            _range_diff_options, _range_diff),
+    Command(
+        "rebase-check",
+        "what carrying the series to each newer release meets; every carried series still holds",
+        _rebase_check_options,
+        _rebase_check,
+    ),
+    Command(
+        "range-diff",
+        "classify each patch of series/ against a carried series (PR description markdown)",
+        _range_diff_options,
+        _range_diff,
+    ),
     Command("wheel", "a patched sglang wheel (local version +bf16k.<series hash>)", _wheel_options, _wheel),
-    Command("pr-drafts", "the upstream PR set: a draft per PR, a cover with the map, git am-ready patches",
-            _pr_drafts_options, _pr_drafts),
-)  # fmt: skip
+    Command(
+        "pr-drafts",
+        "the upstream PR set: a draft per PR, a cover with the map, git am-ready patches",
+        _pr_drafts_options,
+        _pr_drafts,
+    ),
+)
 # Not a subcommand: `python -m bf16k.upstreamlint` (what `nox -s lint` runs, in the venv that holds ruff).
 UPSTREAM_LINT = Command("upstream-lint", "upstream-format lint", _upstream_lint_options, _upstream_lint)
 

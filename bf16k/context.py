@@ -30,9 +30,9 @@ class _Changes:
         if path not in self.changed:
             return []
         if path not in self._cache:
-            self._cache[path] = pyscope.release_changes(self.repo, self.old, self.new, path) if path.endswith(
-                ".py"
-            ) else []
+            self._cache[path] = (
+                pyscope.release_changes(self.repo, self.old, self.new, path) if path.endswith(".py") else []
+            )
         return self._cache[path]
 
 
@@ -66,7 +66,9 @@ def _locate(lines: list[str], block: list[str]) -> tuple[int, int] | None:
     return None
 
 
-def _render(selected: list[ScopeChange], header: str, repo_label: str, old_ref: str, new_ref: str) -> list[str]:
+def _render(
+    selected: list[ScopeChange], header: str, repo_label: str, old_ref: str, new_ref: str
+) -> list[str]:
     if not selected:
         return []
     out = [header]
@@ -87,7 +89,15 @@ def _render(selected: list[ScopeChange], header: str, repo_label: str, old_ref: 
 
 
 def for_conflicts(
-    repo: Path, old: str, new: str, hunks: list[Hunk], *, version: str, repo_label: str, old_ref: str, new_ref: str
+    repo: Path,
+    old: str,
+    new: str,
+    hunks: list[Hunk],
+    *,
+    version: str,
+    repo_label: str,
+    old_ref: str,
+    new_ref: str,
 ) -> list[str]:
     """Upstream's change to the scopes of the conflict hunks (function-level, release to release)."""
     changes = _Changes(repo, old, new)
@@ -104,9 +114,10 @@ def for_conflicts(
         # The function around the conflict (a class or the module holds far more than the
         # conflict: there only location counts), and whatever upstream changed right there.
         picked = [
-            c for c in found
+            c
+            for c in found
             if in_function and c.scope and (c.scope == hunk.scope or c.scope.startswith(hunk.scope + "."))
-        ]  # fmt: skip
+        ]
         where = _locate(new_text.split("\n"), _marker_block(repo, hunk))
         if where is not None:
             picked += [c for c in found if pyscope.near(c, where) and c not in picked]
@@ -169,6 +180,10 @@ def for_tests(
                 f"  git -C {repo_label} diff {old_ref} {new_ref} -- <file>",
             ]
         else:
-            lines = [("no upstream code the failing tests ran changed between the releases "
-                     "(look at the test itself, or at data it reads)")]  # fmt: skip
+            lines = [
+                (
+                    "no upstream code the failing tests ran changed between the releases "
+                    "(look at the test itself, or at data it reads)"
+                )
+            ]
     return lines

@@ -70,7 +70,9 @@ def _run_step(command: str, clone: Path, caches: Path, env: dict[str, str], log:
     with log.open("ab") as out:
         out.write(f"$ {command}\n".encode())
         out.flush()
-        proc = subprocess.Popen(["bash", "-c", command], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            ["bash", "-c", command], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
         while True:
             try:
                 proc.wait(timeout=SAMPLE_SECONDS)
@@ -89,8 +91,11 @@ def _run_step(command: str, clone: Path, caches: Path, env: dict[str, str], log:
         "caches_gib_after": _gib(caches_after),
         "total_gib_peak": _gib(max(peak_clone + peak_caches, clone_after + caches_after)),
     }
-    print(f"measure-setup:   exit {proc.returncode}, {seconds / 60:.1f} min, clone {step['clone_gib_after']} GiB "
-          f"(peak {step['clone_gib_peak']}), caches {step['caches_gib_after']} GiB", flush=True)  # fmt: skip
+    print(
+        f"measure-setup:   exit {proc.returncode}, {seconds / 60:.1f} min, clone {step['clone_gib_after']} GiB "
+        f"(peak {step['clone_gib_peak']}), caches {step['caches_gib_after']} GiB",
+        flush=True,
+    )
     return step
 
 
@@ -100,7 +105,9 @@ def measure(root: Path, scratch: Path) -> dict[str, Any]:
     clone, caches, nox_venv = scratch / "clone", scratch / "caches", scratch / "nox-venv"
     subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
     subprocess.run([sys.executable, "-m", "venv", str(nox_venv)], check=True)
-    subprocess.run([str(nox_venv / "bin" / "python"), "-m", "pip", "install", "-q", NOX_REQUIREMENT], check=True)
+    subprocess.run(
+        [str(nox_venv / "bin" / "python"), "-m", "pip", "install", "-q", NOX_REQUIREMENT], check=True
+    )
     env = dict(os.environ)
     for var in ("VIRTUAL_ENV", "PYTHONPATH", "TRITON_INTERPRET", "BF16K_WHEEL_FILE"):
         env.pop(var, None)

@@ -23,9 +23,18 @@ from bf16k.pin import save as save_pin
 from bf16k.project import SUBMODULE_PATH, Target
 
 FORMAT_PATCH_FLAGS = (
-    "format-patch", "--stdout", "--zero-commit", "--full-index", "--no-signature", "--no-stat",
-    "--keep-subject", "--no-numbered", "--no-notes", "--encoding=UTF-8", "-U3",
-)  # fmt: skip
+    "format-patch",
+    "--stdout",
+    "--zero-commit",
+    "--full-index",
+    "--no-signature",
+    "--no-stat",
+    "--keep-subject",
+    "--no-numbered",
+    "--no-notes",
+    "--encoding=UTF-8",
+    "-U3",
+)
 SAVED_PREFIX = "refs/bf16k/saved"
 BRANCH = "bf16k/series"
 
@@ -75,7 +84,12 @@ def describe_am_stop(repo: Path, names: list[str], output: bytes, offset: int = 
     text = output.decode(errors="replace")
     files = gitutil.out(["diff", "--name-only", "--diff-filter=U"], repo).splitlines()
     for line in text.splitlines():
-        for marker in ("error: patch failed: ", "Merge conflict in ", "error: ", "CONFLICT (modify/delete): "):
+        for marker in (
+            "error: patch failed: ",
+            "Merge conflict in ",
+            "error: ",
+            "CONFLICT (modify/delete): ",
+        ):
             if marker in line:
                 rest = line.split(marker, 1)[1]
                 cand = rest.split(":", 1)[0].split(" ", 1)[0]
@@ -167,9 +181,11 @@ def apply(
             f"a `git am` is in progress in {repo} (a rebase or an interrupted apply): finish it "
             f"(`nox -s rebase -- --continue` / `--abort`) or run `git -C {repo} am --abort`"
         )
-    head = gitutil.out(["rev-parse", "--verify", "-q", "HEAD"], repo) if gitutil.git(
-        ["rev-parse", "--verify", "-q", "HEAD"], repo, check=False
-    ).returncode == 0 else ""
+    head = (
+        gitutil.out(["rev-parse", "--verify", "-q", "HEAD"], repo)
+        if gitutil.git(["rev-parse", "--verify", "-q", "HEAD"], repo, check=False).returncode == 0
+        else ""
+    )
     dirty = gitutil.dirty_paths(repo)
     if (
         state.get("series_hash") == shash
@@ -302,9 +318,11 @@ def export(t: Target, *, force: bool = False) -> None:
     if not gitutil.is_repo(repo):
         raise ToolError(f"{repo} is not set up: run `nox -s apply` first")
     state = upstream.read_state(repo)
-    base = gitutil.out(["rev-parse", "--verify", "-q", upstream.BASE_REF], repo) if gitutil.git(
-        ["rev-parse", "--verify", "-q", upstream.BASE_REF], repo, check=False
-    ).returncode == 0 else ""
+    base = (
+        gitutil.out(["rev-parse", "--verify", "-q", upstream.BASE_REF], repo)
+        if gitutil.git(["rev-parse", "--verify", "-q", upstream.BASE_REF], repo, check=False).returncode == 0
+        else ""
+    )
     if not base:
         raise ToolError(f"{repo} has no {upstream.BASE_REF}: run `nox -s apply` first")
     if am_in_progress(repo):
@@ -319,8 +337,10 @@ def export(t: Target, *, force: bool = False) -> None:
     dirty = [line for line in gitutil.dirty_paths(repo)]
     if dirty:
         n = len(dirty)
-        print(f"note: {n} uncommitted {'path' if n == 1 else 'paths'} in {repo.name} {'is' if n == 1 else 'are'} "
-              "not exported (commit them first)")  # fmt: skip
+        print(
+            f"note: {n} uncommitted {'path' if n == 1 else 'paths'} in {repo.name} {'is' if n == 1 else 'are'} "
+            "not exported (commit them first)"
+        )
     patches = export_commits(repo, base)
     removed = write_series(t.series_dir, patches)
     pin.fingerprint = fingerprint_for(t.series_dir, repo, base)
@@ -329,7 +349,10 @@ def export(t: Target, *, force: bool = False) -> None:
     state["series_hash"] = series.series_hash(t.series_dir)
     state["head"] = gitutil.rev_parse(repo, "HEAD")
     upstream.write_state(repo, state)
-    print(f"exported {len(patches)} patches to {t.series_dir}" + (f"; removed {', '.join(removed)}" if removed else ""))
+    print(
+        f"exported {len(patches)} patches to {t.series_dir}"
+        + (f"; removed {', '.join(removed)}" if removed else "")
+    )
 
 
 # --------------------------------------------------------------------------- scratch clones, check
@@ -370,9 +393,13 @@ def check_gitlink(t: Target, pin: Pin) -> list[str]:
     if not modules.is_file():
         problems.append(".gitmodules is missing")
     else:
-        url = gitutil.git(
-            ["config", "-f", ".gitmodules", f"submodule.{SUBMODULE_PATH}.url"], t.root, check=False
-        ).stdout.decode().strip()
+        url = (
+            gitutil.git(
+                ["config", "-f", ".gitmodules", f"submodule.{SUBMODULE_PATH}.url"], t.root, check=False
+            )
+            .stdout.decode()
+            .strip()
+        )
         if url != pin.repository:
             problems.append(f".gitmodules url for {SUBMODULE_PATH} is {url!r}, pin says {pin.repository!r}")
     return problems
@@ -408,7 +435,9 @@ def check(t: Target, *, source: str = "auto", wheel_file: Path | None = None) ->
             if name not in exported:
                 report.problems.append(f"{name}: not reproduced by export (commit lost or renamed)")
             elif exported[name] != (t.series_dir / name).read_bytes():
-                report.problems.append(f"{name}: export differs from the file (run `nox -s export` and commit)")
+                report.problems.append(
+                    f"{name}: export differs from the file (run `nox -s export` and commit)"
+                )
         for name in exported:
             if name not in names:
                 report.problems.append(f"{name}: export produced a patch the series does not list")
@@ -430,7 +459,9 @@ def check(t: Target, *, source: str = "auto", wheel_file: Path | None = None) ->
 def status(t: Target) -> list[str]:
     pin = t.load_pin()
     repo = t.upstream_dir
-    lines = [f"{t.label} {pin.version} ({pin.tag or 'no tag'}), series in {t.series_dir.relative_to(t.root)}/"]
+    lines = [
+        f"{t.label} {pin.version} ({pin.tag or 'no tag'}), series in {t.series_dir.relative_to(t.root)}/"
+    ]
     names = series.read_order(t.series_dir)
     current = series.series_hash(t.series_dir)
     lines.append(f"series: {len(names)} patches, hash {current[:12]}")
@@ -451,15 +482,22 @@ def status(t: Target) -> list[str]:
     if state.get("series_hash") == current:
         lines.append("series/ is what was last applied")
     else:
-        lines.append(f"series/ changed since the last apply (applied {state.get('series_hash', '')[:12] or 'none'})")
+        lines.append(
+            f"series/ changed since the last apply (applied {state.get('series_hash', '')[:12] or 'none'})"
+        )
     exported = dict(export_commits(repo, base))
     drift = [n for n in names if exported.get(n) != (t.series_dir / n).read_bytes()]
     drift += [n for n in exported if n not in names]
-    lines.append("drift: none (commits export to series/ byte for byte)" if not drift else
-                 "drift: commits differ from series/ for " + ", ".join(drift) + " (export or apply)")
+    lines.append(
+        "drift: none (commits export to series/ byte for byte)"
+        if not drift
+        else "drift: commits differ from series/ for " + ", ".join(drift) + " (export or apply)"
+    )
     dirty = gitutil.dirty_paths(repo)
     n = len(dirty)
-    lines.append(f"uncommitted: {n} {'path' if n == 1 else 'paths'}" + (f", e.g. {dirty[0][3:]}" if dirty else ""))
+    lines.append(
+        f"uncommitted: {n} {'path' if n == 1 else 'paths'}" + (f", e.g. {dirty[0][3:]}" if dirty else "")
+    )
     saved = gitutil.out(["for-each-ref", "--format=%(refname)", SAVED_PREFIX], repo).splitlines()
     if saved:
         lines.append(f"saved work refs: {len(saved)} (latest {saved[-1]})")

@@ -94,8 +94,11 @@ def parity_block(root: Path, which: str) -> str:
     """One kernel-parity suite (store or read), grouped: checks passed, and the largest case."""
     rel = f"{H200}/parity/{which}.json"
     res = _load(root, rel)
-    what = "the bf16 index-K store (fused kernel, unfused path, pool read-back)" if which == "store" else (
-        "the bf16 index-logits scorer (Triton) against an fp64 oracle on the stored keys")
+    what = (
+        "the bf16 index-K store (fused kernel, unfused path, pool read-back)"
+        if which == "store"
+        else ("the bf16 index-logits scorer (Triton) against an fp64 oracle on the stored keys")
+    )
     if res is None:
         return f"**Kernel parity, {which}** ({what}): {NOT_MEASURED}.\n"
     meta = res.get("meta", {})
@@ -110,8 +113,11 @@ def parity_block(root: Path, which: str) -> str:
         last = str(members[-1].get("summary", "")).replace("|", "\\|")
         rows.append(f"| `{group}` ({len(members)}) | {ok}/{len(members)} | {last[:160]} |")
     versions = ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton") if meta.get(k))
-    head = (f"**Kernel parity, {which}** ({what}), measured on an {_gpu(meta)}"
-            + (f" ({versions})" if versions else "") + f": **{passed}/{len(results)} checks pass**.")
+    head = (
+        f"**Kernel parity, {which}** ({what}), measured on an {_gpu(meta)}"
+        + (f" ({versions})" if versions else "")
+        + f": **{passed}/{len(results)} checks pass**."
+    )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
@@ -126,10 +132,15 @@ def store_bench_block(root: Path) -> str:
     meta = res.get("meta", {})
     rows = ["| case | keys written | fp8 store us | bf16 store us | bf16 / fp8 |", "|---|---|---|---|---|"]
     for r in res["rows"]:
-        rows.append(f"| {r['case']} | {r['keys']:,} | {r['fp8_us']:.2f} | {r['bf16_us']:.2f} | {r['bf16_over_fp8']:.2f} |")
+        rows.append(
+            f"| {r['case']} | {r['keys']:,} | {r['fp8_us']:.2f} | {r['bf16_us']:.2f} | {r['bf16_over_fp8']:.2f} |"
+        )
     how = f"{meta.get('statistic', 'median')} of {meta.get('timing', '')} replays".replace("  ", " ")
-    return (f"**Fused norm-rope store, bf16 vs fp8 keys** (measured on an {_gpu(meta)}, {how}):\n\n"
-            + "\n".join(rows) + "\n")
+    return (
+        f"**Fused norm-rope store, bf16 vs fp8 keys** (measured on an {_gpu(meta)}, {how}):\n\n"
+        + "\n".join(rows)
+        + "\n"
+    )
 
 
 def read_bench_block(root: Path) -> str:
@@ -145,16 +156,26 @@ def read_bench_block(root: Path) -> str:
         "bytes at 4.8 TB/s; TileLang: upstream's fp8 paged kernel (the scorer sm_120 runs), built for this GPU"
     )
     parts = [
-        (f"**bf16 index-logits scorer vs fp8** (measured on an {meta.get('gpu', 'GPU')}, Triton "
-        f"{meta.get('triton', '?')}; CUDA-graph replays over cold-L2 copies of the keys; the kernel's "
-        f"default launch config). {legend}."),
+        (
+            f"**bf16 index-logits scorer vs fp8** (measured on an {meta.get('gpu', 'GPU')}, Triton "
+            f"{meta.get('triton', '?')}; CUDA-graph replays over cold-L2 copies of the keys; the kernel's "
+            f"default launch config). {legend}."
+        ),
         "",
-        *report.decode_table(art), "",
-        *report.wide_table(art), "",
-        *report.mtp_table(art), "",
+        *report.decode_table(art),
+        "",
+        *report.wide_table(art),
+        "",
+        *report.mtp_table(art),
+        "",
         *report.long_prefill_table(art),
     ]
-    return "\n".join(parts).replace("DeepGEMM's non-paged `fp8_mqa_logits`", "DeepGEMM's non-paged fp8_mqa_logits") + "\n"
+    return (
+        "\n".join(parts).replace(
+            "DeepGEMM's non-paged `fp8_mqa_logits`", "DeepGEMM's non-paged fp8_mqa_logits"
+        )
+        + "\n"
+    )
 
 
 # --------------------------------------------------------------------------- forward, recall
@@ -166,13 +187,19 @@ def forward_block(root: Path) -> str:
     if summary is None:
         return f"**Indexer forward** (upstream's C4Indexer forward, every platform's dispatch): {NOT_MEASURED}.\n"
     text = figures.forward(root)
-    flag_off = next((line for line in text.splitlines() if line.startswith("Flag off vs the unpatched tree:")), "")
+    flag_off = next(
+        (line for line in text.splitlines() if line.startswith("Flag off vs the unpatched tree:")), ""
+    )
     stand_ins = [
-        ("the real DeepGEMM did not run in every arm: where the scorer column says so, a Triton fp8 twin with "
-        "DeepGEMM's signature and math (and a torch non-paged scorer) stood in for it"),
-        ("sm_120's fp8 scorer is upstream's TileLang kernel built with TL_DISABLE_WGMMA on the H200: the mma.sync "
-        "lowering whose CUDA source is byte-identical to TileLang's sm_120 source; the bf16 kernel is asked for "
-        "sm_120's shared memory, so it picks that GPU's launch configs"),
+        (
+            "the real DeepGEMM did not run in every arm: where the scorer column says so, a Triton fp8 twin with "
+            "DeepGEMM's signature and math (and a torch non-paged scorer) stood in for it"
+        ),
+        (
+            "sm_120's fp8 scorer is upstream's TileLang kernel built with TL_DISABLE_WGMMA on the H200: the mma.sync "
+            "lowering whose CUDA source is byte-identical to TileLang's sm_120 source; the bf16 kernel is asked for "
+            "sm_120's shared memory, so it picks that GPU's launch configs"
+        ),
     ]
     head = (
         f"**Indexer forward** (measured on an {summary['gpu']}): upstream's `C4Indexer.forward` as the "
@@ -181,8 +208,14 @@ def forward_block(root: Path) -> str:
         "fused/unfused store); each step's stored keys are compared with a one-shot fp32 reference and its "
         f"top-k with fp64 oracles. Scenarios: {', '.join(summary['scenarios'])}."
     )
-    return (head + "\n\n" + "\n".join(_tables(text)) + "\n\n" + "".join(f"- {s}\n" for s in stand_ins)
-            + ("\n" + flag_off + "\n" if flag_off else ""))
+    return (
+        head
+        + "\n\n"
+        + "\n".join(_tables(text))
+        + "\n\n"
+        + "".join(f"- {s}\n" for s in stand_ins)
+        + ("\n" + flag_off + "\n" if flag_off else "")
+    )
 
 
 def recall_block(root: Path) -> str:
@@ -229,12 +262,24 @@ def cost_block(root: Path) -> str:
     if len(models) > 1 and closing > models[-1]:
         folded = body[models[1] : closing].strip("\n")
         names = ", ".join(re.findall(r"^\*\*(DeepSeek-[^*]+)\*\*", folded, re.MULTILINE))
-        body = (body[: models[1]] + f"<details><summary>{names}</summary>\n\n" + folded + "\n\n</details>"
-                + body[closing:])
+        body = (
+            body[: models[1]]
+            + f"<details><summary>{names}</summary>\n\n"
+            + folded
+            + "\n\n</details>"
+            + body[closing:]
+        )
     data = _load(root, f"{RESULTS}/cost/cost.json")
     notes = [a for a in data.get("assumptions", []) if not re.search(r"Issue #\d+", a)]
-    details = ("\n\n<details><summary>How each figure is counted</summary>\n\n"
-               + "".join(f"- {a}\n" for a in notes) + "\n</details>") if notes else ""
+    details = (
+        (
+            "\n\n<details><summary>How each figure is counted</summary>\n\n"
+            + "".join(f"- {a}\n" for a in notes)
+            + "\n</details>"
+        )
+        if notes
+        else ""
+    )
     head = (
         "KV-pool tokens are upstream's `DSV4PoolConfigurator` run on CPU for each format (an H200's memory, "
         "the checkpoint's weights); decode bytes are counted per generated token; the TTFT and decode factors "
@@ -247,15 +292,20 @@ def fp8_precision(root: Path) -> str:
     """fp8's own top-512 loss from the committed recall run (a sentence fragment), or why not."""
     res = _load(root, RECALL_ARTIFACT)
     try:
-        losses = [float(e["loss"]) for e in (res or {})["per_length"]
-                  if e["arm"] == "fp8" and int(e["topk"]) == 512 and int(e["n_keys_max"]) > 512]
+        losses = [
+            float(e["loss"])
+            for e in (res or {})["per_length"]
+            if e["arm"] == "fp8" and int(e["topk"]) == 512 and int(e["n_keys_max"]) > 512
+        ]
     except (KeyError, TypeError, ValueError):
         losses = []
     if not losses:
         return "fp8's own precision loss is not yet measured"
     device = (res.get("versions") or {}).get("device", "a GPU")
-    return (f"fp8 keys lose {100 * min(losses):.2f}-{100 * max(losses):.2f}% of the top-512 to precision "
-            f"where the indexer must choose (synthetic V4-shaped inputs, measured on an {device})")
+    return (
+        f"fp8 keys lose {100 * min(losses):.2f}-{100 * max(losses):.2f}% of the top-512 to precision "
+        f"where the indexer must choose (synthetic V4-shaped inputs, measured on an {device})"
+    )
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
@@ -288,10 +338,16 @@ def render(root: Path, kinds: Sequence[str]) -> dict[str, str]:
     python = seriestests.find_python(PRODUCT_ROOT)
     proc = subprocess.run(
         [python.path, "-m", "bf16k.previdence", str(root), *heavy],
-        cwd=PRODUCT_ROOT, capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
+        cwd=PRODUCT_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     if proc.returncode != 0:
-        raise ToolError(f"rendering {', '.join(heavy)} with {python.path} failed:\n{proc.stderr.strip()[-2000:]}")
+        raise ToolError(
+            f"rendering {', '.join(heavy)} with {python.path} failed:\n{proc.stderr.strip()[-2000:]}"
+        )
     out.update(json.loads(proc.stdout))
     return {k: out[k] for k in kinds}
 

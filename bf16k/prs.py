@@ -32,7 +32,16 @@ _ID = re.compile(r"^[a-z][a-z0-9-]*$")
 # What a draft may say about a PR (validated here, rendered by prdrafts).
 MOTIVATIONS = ("patch", "bf16-index-k")
 EVIDENCE_KINDS = ("store-parity", "store-bench", "read-parity", "read-bench", "forward", "recall", "cost")
-NEEDED_RUNS = ("hicache-gsm8k", "gsm8k", "gpqa", "long-context-recall", "bench-serving", "pool-tokens", "mtp", "sm120")
+NEEDED_RUNS = (
+    "hicache-gsm8k",
+    "gsm8k",
+    "gpqa",
+    "long-context-recall",
+    "bench-serving",
+    "pool-tokens",
+    "mtp",
+    "sm120",
+)
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,9 @@ def parse(path: Path) -> PRMap:
         raise ToolError(f"{path.name}: not valid TOML ({exc})") from exc
     unknown = set(data) - {"pr", "local"}
     if unknown:
-        raise ToolError(f"{path.name}: unknown table(s) {', '.join(sorted(unknown))} (only [[pr]] and [[local]])")
+        raise ToolError(
+            f"{path.name}: unknown table(s) {', '.join(sorted(unknown))} (only [[pr]] and [[local]])"
+        )
     prs: list[PR] = []
     for i, raw in enumerate(data.get("pr", []), start=1):
         where = f"{path.name} [[pr]] #{i}"
@@ -139,7 +150,10 @@ def parse(path: Path) -> PRMap:
         )
         if not pr.patches:
             raise ToolError(f"{where}: a PR needs at least one patch")
-        for key, allowed, values in (("evidence", EVIDENCE_KINDS, pr.evidence), ("needs", NEEDED_RUNS, pr.needs)):
+        for key, allowed, values in (
+            ("evidence", EVIDENCE_KINDS, pr.evidence),
+            ("needs", NEEDED_RUNS, pr.needs),
+        ):
             bad = [v for v in values if v not in allowed]
             if bad:
                 raise ToolError(f"{where}: unknown {key} {', '.join(bad)} (known: {', '.join(allowed)})")
@@ -182,7 +196,9 @@ def problems(prmap: PRMap, order: list[str], forwarded: dict[str, str]) -> list[
         for pr in prmap.prs:
             idx = [order.index(n) for n in pr.patches]
             if idx != list(range(idx[0], idx[0] + len(idx))):
-                out.append(f"PR {pr.id!r}: its patches are not contiguous in series order ({', '.join(pr.patches)})")
+                out.append(
+                    f"PR {pr.id!r}: its patches are not contiguous in series order ({', '.join(pr.patches)})"
+                )
         if not out:
             local_first = [n for n in order[: len(bound)] if n not in bound]
             if local_first:
@@ -195,7 +211,9 @@ def problems(prmap: PRMap, order: list[str], forwarded: dict[str, str]) -> list[
     for loc in prmap.local:
         fwd = forwarded.get(loc.patch)
         if fwd != NOT_NEEDED:
-            out.append(f"{loc.patch}: local in the map but its header says 'Forwarded: {fwd}' (want {NOT_NEEDED})")
+            out.append(
+                f"{loc.patch}: local in the map but its header says 'Forwarded: {fwd}' (want {NOT_NEEDED})"
+            )
     for pr in prmap.prs:
         for name in pr.patches:
             if forwarded.get(name) == NOT_NEEDED:
@@ -213,7 +231,11 @@ def load(t: Target) -> PRMap:
     order = series.read_order(t.series_dir)
     found = problems(prmap, order, forwarded_of(t.series_dir, order))
     if found:
-        rel = t.series_dir.relative_to(t.root).as_posix() if t.series_dir.is_relative_to(t.root) else t.series_dir
+        rel = (
+            t.series_dir.relative_to(t.root).as_posix()
+            if t.series_dir.is_relative_to(t.root)
+            else t.series_dir
+        )
         raise ToolError(f"{prmap.path.name} does not fit {rel}/:\n  " + "\n  ".join(found))
     return prmap
 
@@ -310,11 +332,15 @@ def am_prs(
         if proc.returncode != 0:
             text = (proc.stdout + proc.stderr).decode(errors="replace").strip().splitlines()
             # Which commit stopped and where: git's conflict lines, not its how-to-continue advice.
-            where = [line.strip() for line in text
-                     if re.search(r"^(Patch failed at|error: |CONFLICT)", line.strip())]
+            where = [
+                line.strip()
+                for line in text
+                if re.search(r"^(Patch failed at|error: |CONFLICT)", line.strip())
+            ]
             conflicted = gitutil.out(["diff", "--name-only", "--diff-filter=U"], scratch).split()
             check.detail = "; ".join(dict.fromkeys(where + [f"conflicts in {f}" for f in conflicted])) or (
-                "; ".join(text[:2]) or f"git am exit {proc.returncode}")
+                "; ".join(text[:2]) or f"git am exit {proc.returncode}"
+            )
             patches.abort_am(scratch)
             break
         check.applies = True

@@ -91,8 +91,11 @@ def scope_at(lines: list[str], lineno: int) -> str:
             indent = len(m.group(1))
             if indent == 0:
                 break
-        elif j < i and lines[j].strip() and not lines[j][0].isspace() and not lines[j].startswith(
-            ("<<<<<<<", "=======", ">>>>>>>", "|||||||", "#", ")", "]", "}")
+        elif (
+            j < i
+            and lines[j].strip()
+            and not lines[j][0].isspace()
+            and not lines[j].startswith(("<<<<<<<", "=======", ">>>>>>>", "|||||||", "#", ")", "]", "}"))
         ):
             break  # a top-level statement: we left every def/class
     return ".".join(reversed(names))
@@ -135,7 +138,9 @@ def _hunks(repo: Path, old: str, new: str, path: str) -> list[tuple[int, int, in
     text = gitutil.git(["diff", "-U0", "--no-color", old, new, "--", path], repo).stdout.decode(
         "utf-8", errors="replace"
     )
-    return [(h.old_start, h.old_count, h.new_start, h.new_count) for fd in diffs.parse(text) for h in fd.hunks]
+    return [
+        (h.old_start, h.old_count, h.new_start, h.new_count) for fd in diffs.parse(text) for h in fd.hunks
+    ]
 
 
 def _span(start: int, count: int) -> tuple[int, int]:
@@ -172,7 +177,9 @@ def release_changes(repo: Path, old: str, new: str, path: str) -> list[ScopeChan
         if func is None and oc:
             func = innermost(old_funcs, *ospan)
         if func is None:
-            holder = (innermost(new_scopes, *nspan) if nc else None) or (innermost(old_scopes, *ospan) if oc else None)
+            holder = (innermost(new_scopes, *nspan) if nc else None) or (
+                innermost(old_scopes, *ospan) if oc else None
+            )
             # -U0 numbers a pure insertion/deletion after the line it follows: three lines each side.
             o_lo = max((os_ - 3) if oc else (os_ - 2), 1)
             n_lo = max((ns - 3) if nc else (ns - 2), 1)
@@ -214,7 +221,9 @@ def covers(change: ScopeChange, scope: str) -> bool:
     """Whether a change to ``change.scope`` is the change to ``scope`` or to what holds it."""
     if change.scope == MODULE:
         return False
-    return scope == change.scope or scope.startswith(change.scope + ".") or change.scope.startswith(scope + ".")
+    return (
+        scope == change.scope or scope.startswith(change.scope + ".") or change.scope.startswith(scope + ".")
+    )
 
 
 def near(change: ScopeChange, lines: tuple[int, int], slack: int = 3) -> bool:

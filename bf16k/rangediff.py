@@ -165,7 +165,9 @@ def hunk_changes(repo: Path, old_commit: str, new_commit: str) -> list[HunkChang
     def scope(path: str, line: int) -> str:
         if path not in files:
             proc = gitutil.git(["show", f"{new_commit}:{path}"], repo, check=False)
-            files[path] = proc.stdout.decode("utf-8", errors="replace").split("\n") if proc.returncode == 0 else []
+            files[path] = (
+                proc.stdout.decode("utf-8", errors="replace").split("\n") if proc.returncode == 0 else []
+            )
         return pyscope.scope_at(files[path], max(line, 1)) if files[path] else ""
 
     for path in list(new) + [p for p in old if p not in new]:
@@ -237,9 +239,13 @@ def classify(
         oc = old[opos - 1] if opos else ""
         nc = new[npos - 1] if npos else ""
         entry = Entry(
-            cls="", old_pos=opos, new_pos=npos, subject=subject,
-            old_name=patch_name(repo, oc) if oc else "", new_name=patch_name(repo, nc) if nc else "",
-        )  # fmt: skip
+            cls="",
+            old_pos=opos,
+            new_pos=npos,
+            subject=subject,
+            old_name=patch_name(repo, oc) if oc else "",
+            new_name=patch_name(repo, nc) if nc else "",
+        )
         if mark == "=":
             entry.cls = UNCHANGED
         elif mark == "<":
@@ -374,9 +380,10 @@ def unexplained(rd: RangeDiff, reasons: list[Reason]) -> list[str]:
     """Changed hunks no recorded reason covers (the commit message's own edits excepted)."""
     return [
         f"{e.name}: {h.path}" + (f" ({h.scope})" if h.scope else "")
-        for e in rd.entries for h in e.hunks
+        for e in rd.entries
+        for h in e.hunks
         if h.path != MESSAGE and not lookup(reasons, e.name, h.path, h.scope)
-    ]  # fmt: skip
+    ]
 
 
 # --------------------------------------------------------------------------- series against series

@@ -22,7 +22,9 @@ from pathlib import Path
 from bf16k import diffs, gitutil, pyscope
 from bf16k.errors import ToolError
 
-_LINE = re.compile(r"^\s*(?:[-*]\s+)?(?P<path>[A-Za-z0-9_./-]+?)(?:\s+\((?P<scope>[^)]*)\))?\s*:\s+(?P<why>\S.*)$")
+_LINE = re.compile(
+    r"^\s*(?:[-*]\s+)?(?P<path>[A-Za-z0-9_./-]+?)(?:\s+\((?P<scope>[^)]*)\))?\s*:\s+(?P<why>\S.*)$"
+)
 MARKERS = ("<<<<<<< ", "=======", ">>>>>>> ", "||||||| ")
 
 
@@ -46,7 +48,13 @@ class Reason:
     kind: str  # "conflict", "tests" or "replay"
 
     def as_dict(self) -> dict[str, str]:
-        return {"patch": self.patch, "path": self.path, "scope": self.scope, "kind": self.kind, "why": self.why}
+        return {
+            "patch": self.patch,
+            "path": self.path,
+            "scope": self.scope,
+            "kind": self.kind,
+            "why": self.why,
+        }
 
 
 def unique(hunks: list[Hunk]) -> list[Hunk]:
@@ -92,7 +100,9 @@ def tree_hunks(repo: Path, a: str, b: str, paths: list[str] | None = None) -> li
     found: list[Hunk] = []
     for fd in diffs.parse(text):
         for h in fd.hunks if fd.path else []:
-            lines, at = (lines_at(b, fd.path), h.new_start) if h.new_count else (lines_at(a, fd.path), h.old_start)
+            lines, at = (
+                (lines_at(b, fd.path), h.new_start) if h.new_count else (lines_at(a, fd.path), h.old_start)
+            )
             found.append(Hunk(fd.path, pyscope.scope_at(lines, max(at, 1)) if lines else "", h.new_start))
     return found
 
@@ -109,7 +119,9 @@ def covers(reason_path: str, reason_scope: str, hunk: Hunk) -> bool:
     return pyscope.normalize(reason_scope) == hunk.scope or hunk.scope.startswith(reason_scope + ".")
 
 
-def parse(text: str, hunks: list[Hunk], patch_of: dict[tuple[str, str], str], kind: str) -> tuple[list[Reason], list[Hunk]]:
+def parse(
+    text: str, hunks: list[Hunk], patch_of: dict[tuple[str, str], str], kind: str
+) -> tuple[list[Reason], list[Hunk]]:
     """(reasons, hunks still without one) from the maintainer's message.
 
     Lines that do not name a file of a hunk are free text: kept, attached to every hunk's patch
@@ -139,8 +151,14 @@ def parse(text: str, hunks: list[Hunk], patch_of: dict[tuple[str, str], str], ki
     return dedupe(reasons), missing
 
 
-def require(text: str, hunks: list[Hunk], patch_of: dict[tuple[str, str], str], kind: str, which: str,
-            name_patch: bool = False) -> list[Reason]:
+def require(
+    text: str,
+    hunks: list[Hunk],
+    patch_of: dict[tuple[str, str], str],
+    kind: str,
+    which: str,
+    name_patch: bool = False,
+) -> list[Reason]:
     """``parse``, refusing (changing nothing) while a hunk has no reason: the error lists those
     hunks (with their patch when ``name_patch``) and the ``--continue`` command to give them.
     ``which`` says which hunks need one ("hand-made hunk", "hunk you changed")."""
@@ -149,9 +167,12 @@ def require(text: str, hunks: list[Hunk], patch_of: dict[tuple[str, str], str], 
         raise ToolError(
             f"say why for each {which} (it goes into carried.toml, the range-diff and the "
             "CHANGELOG entry); no reason for:\n"
-            + "\n".join(f"  {h.label}" + (f" (patch '{patch_of[(h.path, h.scope)]}')" if name_patch else "")
-                        for h in missing)
-            + "\nrun:\n  nox -s rebase -- --continue " + " ".join(template(unique(hunks)))
+            + "\n".join(
+                f"  {h.label}" + (f" (patch '{patch_of[(h.path, h.scope)]}')" if name_patch else "")
+                for h in missing
+            )
+            + "\nrun:\n  nox -s rebase -- --continue "
+            + " ".join(template(unique(hunks)))
             + "\n(nothing was changed: your edits are where you left them)"
         )
     return found
@@ -176,7 +197,9 @@ def lookup(reasons: list[Reason], patch: str, path: str, scope: str) -> list[Rea
     exact = [r for r in mine if r.scope == scope]
     if exact:
         return exact
-    around = [r for r in mine if r.scope and (scope.startswith(r.scope + ".") or r.scope.startswith(scope + "."))]
+    around = [
+        r for r in mine if r.scope and (scope.startswith(r.scope + ".") or r.scope.startswith(scope + "."))
+    ]
     if around:
         return around
     return [r for r in mine if not r.scope]
@@ -188,6 +211,10 @@ def lookup(reasons: list[Reason], patch: str, path: str, scope: str) -> list[Rea
 def wrap_bullet(text: str, width: int = 100) -> list[str]:
     """A Keep-a-Changelog bullet wrapped like the rest of the file (two-space continuation)."""
     return textwrap.wrap(
-        text, width=width, initial_indent="- ", subsequent_indent="  ",
-        break_long_words=False, break_on_hyphens=False,
-    )  # fmt: skip
+        text,
+        width=width,
+        initial_indent="- ",
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )

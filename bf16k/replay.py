@@ -57,7 +57,9 @@ def _blob(repo: Path, blob: str) -> bytes:
     return gitutil.git(["cat-file", "blob", blob], repo).stdout
 
 
-def merge_file(repo: Path, base: bytes, ours: bytes, theirs: bytes, labels: tuple[str, str, str]) -> tuple[bytes, bool]:
+def merge_file(
+    repo: Path, base: bytes, ours: bytes, theirs: bytes, labels: tuple[str, str, str]
+) -> tuple[bytes, bool]:
     """(merged bytes, clean) of a 3-way text merge, markers labelled ``labels`` (ours, base, theirs)."""
     with tempfile.TemporaryDirectory(prefix="bf16k-merge-") as tmp:
         d = Path(tmp)
@@ -68,15 +70,20 @@ def merge_file(repo: Path, base: bytes, ours: bytes, theirs: bytes, labels: tupl
         # --diff3: the marker block also shows the base side (what the patch was then).
         proc = gitutil.git(
             ["merge-file", "-p", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2], *paths],
-            d, check=False,
-        )  # fmt: skip
+            d,
+            check=False,
+        )
         if proc.returncode < 0 or proc.returncode > 127:
             raise RuntimeError(proc.stderr.decode(errors="replace"))
         return proc.stdout, proc.returncode == 0
 
 
 def merge_trees(
-    repo: Path, base: str, ours: str, theirs: str, labels: tuple[str, str, str] = (LABEL_CARRIED, LABEL_BEFORE, LABEL_SERIES)
+    repo: Path,
+    base: str,
+    ours: str,
+    theirs: str,
+    labels: tuple[str, str, str] = (LABEL_CARRIED, LABEL_BEFORE, LABEL_SERIES),
 ) -> Merge:
     """``ours`` with ``base``->``theirs`` applied, file by file, over the files ``theirs`` changed.
 
@@ -113,7 +120,9 @@ def merge_trees(
             if entry is None:
                 gitutil.git(["update-index", "--force-remove", "--", path], repo, env=env)
             else:
-                gitutil.git(["update-index", "--add", "--cacheinfo", f"{entry[0]},{entry[1]},{path}"], repo, env=env)
+                gitutil.git(
+                    ["update-index", "--add", "--cacheinfo", f"{entry[0]},{entry[1]},{path}"], repo, env=env
+                )
         result.tree = gitutil.out(["write-tree"], repo, env=env)
     return result
 
@@ -124,7 +133,9 @@ def merge_messages(repo: Path, before: str, carried: str, now: str) -> tuple[str
         return carried, True
     if carried == before:
         return now, True
-    merged, clean = merge_file(repo, before.encode(), carried.encode(), now.encode(), ("carried", "then", "now"))
+    merged, clean = merge_file(
+        repo, before.encode(), carried.encode(), now.encode(), ("carried", "then", "now")
+    )
     return (merged.decode() if clean else now), clean
 
 
@@ -132,10 +143,16 @@ def commit_tree(repo: Path, tree: str, parent: str, message: str, author: tuple[
     """A commit like `git am` makes: the patch's author and date, committer date = author date."""
     name, email, date = author
     env = {
-        "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date,
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_AUTHOR_DATE": date,
         "GIT_COMMITTER_DATE": date,
-    }  # fmt: skip
-    return gitutil.git(["commit-tree", tree, "-p", parent], repo, input_bytes=message.encode(), env=env).stdout.decode().strip()
+    }
+    return (
+        gitutil.git(["commit-tree", tree, "-p", parent], repo, input_bytes=message.encode(), env=env)
+        .stdout.decode()
+        .strip()
+    )
 
 
 def author_of(repo: Path, commit: str) -> tuple[str, str, str]:

@@ -26,13 +26,24 @@ NEW_FILE_PREFIXES = ("test/", "docs/")
 def outside_wheel(path: str) -> bool:
     """A new file the series may add although the wheel cannot carry it (a test, a doc)."""
     return path.startswith(NEW_FILE_PREFIXES)
+
+
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*\.patch$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
 KNOWN_TRAILERS = {
-    "Forwarded", "Last-Update", "Bug", "Ref", "Applied-Upstream", "Origin", "Author",
-    "Reviewed-by", "Patch-Filename", "Signed-off-by", "Co-authored-by",
-}  # fmt: skip
+    "Forwarded",
+    "Last-Update",
+    "Bug",
+    "Ref",
+    "Applied-Upstream",
+    "Origin",
+    "Author",
+    "Reviewed-by",
+    "Patch-Filename",
+    "Signed-off-by",
+    "Co-authored-by",
+}
 
 
 @dataclass

@@ -36,10 +36,7 @@ BASE_REF = "refs/patches/upstream-head"
 TEST_ROOTS = ("test/", "python/sglang/test/")
 PYTHON_ENV = "BF16K_TEST_PYTHON"
 JOBS_ENV = "BF16K_TEST_JOBS"
-_PROBE = (
-    "import json, torch, triton, pytest\n"
-    "print(json.dumps({'cuda': bool(torch.cuda.is_available())}))\n"
-)
+_PROBE = "import json, torch, triton, pytest\nprint(json.dumps({'cuda': bool(torch.cuda.is_available())}))\n"
 _CUDA_HOME = "/usr/local/cuda"
 
 
@@ -182,9 +179,21 @@ def _command(python: TestPython, repo: Path, junit: Path, select: list[str], ext
     targets = select
     # -c /dev/null with --rootdir: node ids relative to the tree, no product ini, no cache dir.
     return [
-        python.path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
-        f"--rootdir={repo}", f"--junitxml={junit}", "-o", "junit_family=xunit1", *extra, *targets,
-    ]  # fmt: skip
+        python.path,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        os.devnull,
+        f"--rootdir={repo}",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit1",
+        *extra,
+        *targets,
+    ]
 
 
 def _parse_junit(path: Path, run: TestRun) -> None:
@@ -350,9 +359,19 @@ def executed(python: TestPython, repo: Path, nodeids: list[str]) -> dict[str, di
         env["BF16K_TRACE_SKIP"] = os.pathsep.join(str((repo / r).resolve()) + os.sep for r in TEST_ROOTS)
         env["BF16K_TRACE_OUT"] = str(out)
         cmd = [
-            python.path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
-            f"--rootdir={repo}", "-p", "bf16k_calltrace", *nodeids,
-        ]  # fmt: skip
+            python.path,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            os.devnull,
+            f"--rootdir={repo}",
+            "-p",
+            "bf16k_calltrace",
+            *nodeids,
+        ]
         subprocess.run(cmd, cwd=repo, env=env, capture_output=True, check=False, timeout=3600)
         try:
             data = json.loads(out.read_text())

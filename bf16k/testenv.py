@@ -104,10 +104,19 @@ def ensure(root: Path) -> Path:
         proc = subprocess.run(
             # --no-compile: bytecode is written for the modules that are imported, when they are,
             # not for all of torch & co. up front (about 0.3 GiB less on disk).
-            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile",
-             "-e", f"{root}[{EXTRA}]"],
-            cwd=root, check=False,
-        )  # fmt: skip
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-compile",
+                "-e",
+                f"{root}[{EXTRA}]",
+            ],
+            cwd=root,
+            check=False,
+        )
         if proc.returncode != 0:
             raise ToolError(
                 f"pip could not install .[{EXTRA}] into {env} (exit {proc.returncode}, its output is "
@@ -163,6 +172,8 @@ def run(root: Path, args: Sequence[str], *, label: str) -> int:
     if proc.returncode == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
-        print(f"note: the temporary files of this failed run are kept in {tmp.relative_to(root)} "
-              "(the next run removes them)")  # fmt: skip
+        print(
+            f"note: the temporary files of this failed run are kept in {tmp.relative_to(root)} "
+            "(the next run removes them)"
+        )
     return proc.returncode

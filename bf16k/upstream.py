@@ -69,11 +69,26 @@ def _pip_download(pin: Pin, dest: Path) -> None:
     name, version, py, abi, plat = _wheel_tags(pin.wheel.filename)
     # Ask for exactly the pinned file's tags: the running interpreter may be another Python.
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--quiet",
-        "--implementation", py[:2], "--python-version", py[2:], "--abi", abi,
-        "--platform", plat, "-d", str(dest), f"{name}=={version}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--implementation",
+        py[:2],
+        "--python-version",
+        py[2:],
+        "--abi",
+        abi,
+        "--platform",
+        plat,
+        "-d",
+        str(dest),
+        f"{name}=={version}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise ToolError(
@@ -153,7 +168,11 @@ def _has_pip() -> bool:
 
 
 def _fast_import_stream(
-    wheel: Path, pin: Pin, *, ref: str = "refs/heads/upstream-base", parent: Pin | None = None,
+    wheel: Path,
+    pin: Pin,
+    *,
+    ref: str = "refs/heads/upstream-base",
+    parent: Pin | None = None,
     parent_commit: str = "",
 ) -> bytes:
     """A fast-import stream of one commit holding the wheel's sglang/ tree under python/.
@@ -266,7 +285,9 @@ def fetch_import(repo: Path, cache: Path, src_ref: str, dst_ref: str) -> None:
     repo.mkdir(parents=True, exist_ok=True)
     if not (repo / ".git").exists():
         if any(repo.iterdir()):
-            raise ToolError(f"{repo} exists, is not empty and is not a git repository: move its contents away")
+            raise ToolError(
+                f"{repo} exists, is not empty and is not a git repository: move its contents away"
+            )
         gitutil.git(["init", "-q"], repo)
     # --update-head-ok: the ref may be the checked-out branch of a hand-made tree; callers reset.
     gitutil.git(["fetch", "-q", "--no-tags", "--update-head-ok", str(cache), f"+{src_ref}:{dst_ref}"], repo)
@@ -292,20 +313,23 @@ def parent_pin(t: Target) -> Pin:
         return pinload(t.root / "pin.toml")
     try:
         result = Pin(
-            version=str(parent["version"]), tag=str(parent.get("tag", "")), commit="",
-            repository="", wheel=WheelPin(
-                filename=str(parent["filename"]), sha256=str(parent["sha256"]).lower(),
+            version=str(parent["version"]),
+            tag=str(parent.get("tag", "")),
+            commit="",
+            repository="",
+            wheel=WheelPin(
+                filename=str(parent["filename"]),
+                sha256=str(parent["sha256"]).lower(),
                 base_commit=str(parent.get("base_commit", "")),
-            ), path=t.series_dir / CARRIED_FILE,
-        )  # fmt: skip
+            ),
+            path=t.series_dir / CARRIED_FILE,
+        )
     except KeyError as exc:
         raise ToolError(f"{t.series_dir / CARRIED_FILE}: [parent] lacks {exc}") from exc
     return result
 
 
-def materialize_carried(
-    repo: Path, pin: Pin, parent: Pin, wheel_file: Path | None = None
-) -> tuple[str, str]:
+def materialize_carried(repo: Path, pin: Pin, parent: Pin, wheel_file: Path | None = None) -> tuple[str, str]:
     """(parent base, carried base) in ``repo``: the pinned import first, the release on top.
 
     The carried base id depends on its parent, so it is only reproducible when the parent is the
@@ -367,7 +391,9 @@ def install_local_excludes(repo: Path) -> None:
     text = exclude.read_text() if exclude.exists() else ""
     missing = [line for line in LOCAL_EXCLUDES if line not in text.splitlines()]
     if missing:
-        exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n") + "\n".join(missing) + "\n")
+        exclude.write_text(
+            text + ("" if text.endswith("\n") or not text else "\n") + "\n".join(missing) + "\n"
+        )
 
 
 # --------------------------------------------------------------------------- submodule
@@ -403,7 +429,9 @@ def _try_submodule(root: Path, pin: Pin, timeout: float) -> tuple[bool, str]:
     return False, reason or "unknown error"
 
 
-def obtain(t: Target, *, source: str = "auto", wheel_file: Path | None = None, quiet: bool = False) -> Upstream:
+def obtain(
+    t: Target, *, source: str = "auto", wheel_file: Path | None = None, quiet: bool = False
+) -> Upstream:
     """Make sure ``t.upstream_dir`` holds upstream at the pin; say which source was used."""
     pin = t.load_pin()
     repo = t.upstream_dir
@@ -425,12 +453,20 @@ def obtain(t: Target, *, source: str = "auto", wheel_file: Path | None = None, q
     if gitutil.is_repo(repo):
         state = read_state(repo)
         if pin.commit and source != "wheel" and gitutil.has_commit(repo, pin.commit):
-            up = Upstream(repo, gitutil.rev_parse(repo, pin.commit), "submodule", f"submodule at {pin.commit}")
+            up = Upstream(
+                repo, gitutil.rev_parse(repo, pin.commit), "submodule", f"submodule at {pin.commit}"
+            )
             if wheel_note:
-                wheel_note += " but is not used: the submodule has the pinned commit (--source wheel uses the wheel)"
+                wheel_note += (
+                    " but is not used: the submodule has the pinned commit (--source wheel uses the wheel)"
+                )
         elif state.get("source") == "wheel" and source != "submodule":
             base = state.get("base", "")
-            if base and gitutil.has_commit(repo, base) and (not pin.wheel.base_commit or base == pin.wheel.base_commit):
+            if (
+                base
+                and gitutil.has_commit(repo, base)
+                and (not pin.wheel.base_commit or base == pin.wheel.base_commit)
+            ):
                 up = Upstream(repo, base, "wheel", f"PyPI wheel {pin.wheel.filename} (already built)")
                 if wheel_note:
                     wheel_note += f" and is not needed: {repo.name}/ is already built from that wheel"
@@ -497,7 +533,9 @@ def blob_ids(repo: Path, commit: str, paths: list[str]) -> dict[str, str]:
 
 def verify_fingerprint(up: Upstream, pin: Pin) -> None:
     actual = blob_ids(up.repo, up.base, sorted(pin.fingerprint))
-    wrong = [(p, pin.fingerprint[p], actual[p]) for p in sorted(pin.fingerprint) if actual[p] != pin.fingerprint[p]]
+    wrong = [
+        (p, pin.fingerprint[p], actual[p]) for p in sorted(pin.fingerprint) if actual[p] != pin.fingerprint[p]
+    ]
     if wrong:
         lines = "\n".join(f"  {p}: pin {want}, {up.source} {got}" for p, want, got in wrong)
         raise ToolError(

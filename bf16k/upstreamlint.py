@@ -38,11 +38,27 @@ from bf16k.errors import ToolError
 from bf16k.project import Target
 
 RUFF_VERSION = "0.17.6"  # the version the noxfile's lint session installs
-RUFF_FORMAT = ("format", "--isolated", "--check", "--no-cache", "--line-length", "88", "--output-format", "concise")
+RUFF_FORMAT = (
+    "format",
+    "--isolated",
+    "--check",
+    "--no-cache",
+    "--line-length",
+    "88",
+    "--output-format",
+    "concise",
+)
 RUFF_ISORT = (
-    "check", "--isolated", "--select", "I", "--config", 'lint.isort.known-first-party = ["sglang"]',
-    "--output-format", "concise", "--no-cache",
-)  # fmt: skip
+    "check",
+    "--isolated",
+    "--select",
+    "I",
+    "--config",
+    'lint.isort.known-first-party = ["sglang"]',
+    "--output-format",
+    "concise",
+    "--no-cache",
+)
 CI_REGISTER = "python/sglang/test/ci/ci_register.py"
 REGISTERED = "test/registered/"
 WANTED_BACKENDS = ("CUDA", "CPU")  # register_cuda_ci / register_cpu_ci
@@ -59,10 +75,12 @@ PRODUCTION_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
 # Forbidden in every added line (code, tests, docs).
 ANYWHERE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"/work/|/home/[A-Za-z]|/Users/|/root/|C:\\\\Users"), "a local path"),
-    (re.compile(r"sglang-upstream|verify/results|build/(pr-drafts|upstream|wheel|gpu)|\.nox/"),
-     "a path of this product's repository"),
+    (
+        re.compile(r"sglang-upstream|verify/results|build/(pr-drafts|upstream|wheel|gpu)|\.nox/"),
+        "a path of this product's repository",
+    ),
     (re.compile(r"^\s*(from|import)\s+(verify|bf16k)\b"), "imports the product's packages"),
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -139,7 +157,9 @@ class Registration:
     @property
     def label(self) -> str:
         where = self.suite or f"{self.stage}-test-{self.runner_config}"
-        extra = (", nightly" if self.nightly else "") + (f", disabled: {self.disabled}" if self.disabled else "")
+        extra = (", nightly" if self.nightly else "") + (
+            f", disabled: {self.disabled}" if self.disabled else ""
+        )
         return f"{self.backend} `{where}` (~{self.est_time:g} s{extra})"
 
 
@@ -181,11 +201,16 @@ def parse_test(ci: ModuleType, text: str, name: str) -> Parsed:
             return Parsed((), False, str(exc).replace(str(path), name))
     regs = tuple(
         Registration(
-            str(getattr(r.backend, "name", r.backend)), float(r.est_time), r.suite, r.stage, r.runner_config,
-            bool(r.nightly), r.disabled,
+            str(getattr(r.backend, "name", r.backend)),
+            float(r.est_time),
+            r.suite,
+            r.stage,
+            r.runner_config,
+            bool(r.nightly),
+            r.disabled,
         )
         for r in registries
-    )  # fmt: skip
+    )
     return Parsed(regs, bool(has_main))
 
 
@@ -197,10 +222,12 @@ def test_problems(parsed: Parsed) -> list[str]:
         return ["no CI registration (register_cuda_ci / register_cpu_ci): upstream's CI never runs it"]
     out = []
     if not any(r.backend in WANTED_BACKENDS for r in parsed.registrations):
-        out.append("registers for neither CUDA nor CPU CI: " + ", ".join(r.backend for r in parsed.registrations))
+        out.append(
+            "registers for neither CUDA nor CPU CI: " + ", ".join(r.backend for r in parsed.registrations)
+        )
     if any(r.disabled is None for r in parsed.registrations) and not parsed.has_main_entry:
         out.append(
-            "no `if __name__ == \"__main__\":` entry that calls something: upstream's collect_tests refuses "
+            'no `if __name__ == "__main__":` entry that calls something: upstream\'s collect_tests refuses '
             "it (`python3 file.py`, how its CI runs a file, would run nothing); add `unittest.main()` or "
             '`sys.exit(pytest.main([__file__, "-v"]))`'
         )
@@ -218,7 +245,9 @@ def is_registered_test(path: str) -> bool:
 def find_ruff(given: str | None = None) -> str:
     ruff = given or shutil.which("ruff")
     if not ruff:
-        raise ToolError(f"ruff is not on PATH: run this through `nox -s lint` (it installs ruff=={RUFF_VERSION})")
+        raise ToolError(
+            f"ruff is not on PATH: run this through `nox -s lint` (it installs ruff=={RUFF_VERSION})"
+        )
     return ruff
 
 
@@ -248,7 +277,9 @@ def ruff_findings(tree: Path, files: list[str], ruff: str) -> list[Finding]:
         if m:
             out.append(Finding("format", m.group(1).strip(), "not `ruff format` clean (upstream's style)"))
     if fmt.returncode == 1 and not any(f.check == "format" for f in out):
-        raise ToolError(f"ruff format --check failed without naming a file: {(fmt.stdout + fmt.stderr).strip()[:500]}")
+        raise ToolError(
+            f"ruff format --check failed without naming a file: {(fmt.stdout + fmt.stderr).strip()[:500]}"
+        )
     iso = subprocess.run([ruff, *RUFF_ISORT, *files], cwd=tree, capture_output=True, text=True, check=False)
     if iso.returncode not in (0, 1):
         raise ToolError(f"ruff check --select I failed: {(iso.stderr or iso.stdout).strip()[:500]}")
@@ -283,12 +314,16 @@ def applied(t: Target) -> Applied:
         raise ToolError(f"{what}, and {repo} has no recorded base: {how}")
     state = upstream.read_state(repo)
     if state.get("series_hash") != series.series_hash(t.series_dir):
-        raise ToolError(f"{what}, and {repo.name} is not applied at the current series (it changed since): {how}")
+        raise ToolError(
+            f"{what}, and {repo.name} is not applied at the current series (it changed since): {how}"
+        )
     base_id = base.stdout.decode().strip()
     commits = tuple(gitutil.out(["rev-list", "--reverse", f"{base_id}..HEAD"], repo).split())
     wanted = len(series.read_order(t.series_dir))
     if len(commits) != wanted:
-        raise ToolError(f"{what}, and {repo.name} holds {len(commits)} patch commits, the series {wanted}: {how}")
+        raise ToolError(
+            f"{what}, and {repo.name} holds {len(commits)} patch commits, the series {wanted}: {how}"
+        )
     return Applied(repo, base_id, commits)
 
 
@@ -305,7 +340,9 @@ def upstream_bound(t: Target, report: Report) -> list[str]:
 
 
 def touched_python(app: Applied) -> list[str]:
-    names = gitutil.out(["diff", "--name-only", "--no-renames", "--diff-filter=AM", app.base, "HEAD"], app.repo)
+    names = gitutil.out(
+        ["diff", "--name-only", "--no-renames", "--diff-filter=AM", app.base, "HEAD"], app.repo
+    )
     return sorted(n for n in names.splitlines() if n.endswith(".py") and (app.repo / n).is_file())
 
 
@@ -319,13 +356,19 @@ def check_tests(t: Target, app: Applied, bound: list[str], ci: ModuleType) -> li
         info = series.parse_patch(t.series_dir / name)
         added = [f for f in info.new_files if is_registered_test(f)]
         if not added:
-            out.append(Finding("tests", name, f"adds no test under {REGISTERED} (upstream's registered layout)"))
+            out.append(
+                Finding("tests", name, f"adds no test under {REGISTERED} (upstream's registered layout)")
+            )
         for path in added:
             shown = gitutil.git(["show", f"{at}:{path}"], app.repo, check=False)
             if shown.returncode != 0:
-                out.append(Finding("tests", f"{name}: {path}", "not in the tree at the last upstream-bound patch"))
+                out.append(
+                    Finding("tests", f"{name}: {path}", "not in the tree at the last upstream-bound patch")
+                )
                 continue
-            for problem in test_problems(parse_test(ci, shown.stdout.decode("utf-8", errors="replace"), path)):
+            for problem in test_problems(
+                parse_test(ci, shown.stdout.decode("utf-8", errors="replace"), path)
+            ):
                 out.append(Finding("tests", f"{name}: {path}", problem))
     return out
 
@@ -340,7 +383,9 @@ def run(t: Target, ruff: str | None = None) -> Report:
     if version != RUFF_VERSION:
         report.notes.append(f"ruff {version} (the lint session pins {RUFF_VERSION})")
     report.findings += ruff_findings(app.repo, files, exe)
-    report.notes.append(f"ruff format + isort (upstream's settings) over {len(files)} Python file(s) the series touches")
+    report.notes.append(
+        f"ruff format + isort (upstream's settings) over {len(files)} Python file(s) the series touches"
+    )
     for name in bound:
         report.findings += scan_patch(name, (t.series_dir / name).read_bytes())
     report.notes.append(f"added lines of {len(bound)} upstream-bound patch(es) scanned")

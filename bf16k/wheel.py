@@ -286,7 +286,9 @@ def _check_against_wheel(changes: list[Change], tree: AppliedTree, zf: zipfile.Z
             continue
         base_blob = gitutil.out(["rev-parse", f"{tree.base}:{tree_path}"], tree.repo)
         if git_blob_id(zf.read(c.path)) != base_blob:
-            wrong.append(f"{c.path}: the wheel's file differs from the base ({tree.source}) the series applies to")
+            wrong.append(
+                f"{c.path}: the wheel's file differs from the base ({tree.source}) the series applies to"
+            )
     if wrong:
         raise ToolError("the applied tree and the pinned wheel disagree:\n  " + "\n  ".join(wrong))
 

@@ -18,7 +18,9 @@ UPSTREAM_PY = ROOT / "sglang-upstream" / "python"
 if (UPSTREAM_PY / "sglang").is_dir():
     if str(UPSTREAM_PY) not in sys.path:
         sys.path.insert(0, str(UPSTREAM_PY))
-    parts = [str(UPSTREAM_PY), str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    parts = [str(UPSTREAM_PY), str(ROOT)] + [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
+    ]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
 os.environ.setdefault("SGLANG_JIT_CACHE_DIR", str(ROOT / "build" / "jit-cache-tests"))
 if Path("/usr/local/cuda/bin/nvcc").exists():

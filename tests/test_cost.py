@@ -21,7 +21,9 @@ from verify.core.provenance import SERIES_HASH, series_hash
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACT = ROOT / figures.COST / "cost.json"
 
-pytestmark = pytest.mark.skipif(U.sglang_root() is None, reason="the patched upstream tree is not importable (nox -s apply)")
+pytestmark = pytest.mark.skipif(
+    U.sglang_root() is None, reason="the patched upstream tree is not importable (nox -s apply)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,9 @@ def test_the_overrides_are_what_server_arg_resolution_gives_each_format() -> Non
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     for fmt in FORMATS:
-        args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", "m", "--deepseek-v4-indexer-k-dtype", fmt]))
+        args = ServerArgs.from_cli_args(
+            parser.parse_args(["--model-path", "m", "--deepseek-v4-indexer-k-dtype", fmt])
+        )
         with override_platform(is_cuda=True, is_hip=False, is_sm100=True):
             handle_deepseek_v4_indexer_k_dtype(args)
         view = resolving_view(args)
@@ -78,19 +82,34 @@ def test_pool_tokens_follow_upstreams_byte_accounting(fresh: tuple[dict, str]) -
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4IndexerPool
 
     data, _ = fresh
-    pool = DeepSeekV4IndexerPool(size=64, page_size=64, dtype=torch.bfloat16, index_head_dim=128, layer_num=1,
-                                 device="cpu", enable_memory_saver=False, use_fp4_indexer=True, index_k_format="fp4")
+    pool = DeepSeekV4IndexerPool(
+        size=64,
+        page_size=64,
+        dtype=torch.bfloat16,
+        index_head_dim=128,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
+        use_fp4_indexer=True,
+        index_k_format="fp4",
+    )
     assert pool.get_bytes_per_token() == 68
     for m in data["models"]:
         c4 = m["shape"]["layers"]["4"]
         budget = m["serving"]["budget_bytes"]
         for mode in ("ratio", "cap"):
             cap = {c["fmt"]: c for c in m["capacity"] if c["mode"] == mode}
-            assert cap["bf16"]["bytes_per_full_token"] - cap["fp8"]["bytes_per_full_token"] == c4 * (256 - 132) / 4
+            assert (
+                cap["bf16"]["bytes_per_full_token"] - cap["fp8"]["bytes_per_full_token"]
+                == c4 * (256 - 132) / 4
+            )
             assert cap["fp4"]["index_bytes_budgeted"] == 132 and cap["fp4"]["index_bytes_allocated"] == 68
             assert cap["fp4"]["full_tokens"] == cap["fp8"]["full_tokens"]
             for c in cap.values():
-                assert c["full_tokens"] == int((budget - c["fixed_bytes"]) / c["bytes_per_full_token"]) // 256 * 256
+                assert (
+                    c["full_tokens"]
+                    == int((budget - c["fixed_bytes"]) / c["bytes_per_full_token"]) // 256 * 256
+                )
                 assert (c["swa_cap_tokens"] is None) == (mode == "ratio")
 
 
@@ -117,19 +136,31 @@ def test_the_published_shapes_and_a_users_config(tmp_path: Path) -> None:
     from verify.cost.models import FLASH, PRO, from_config
 
     defaults = {f.name: f.default for f in DeepSeekV4Config.__dataclass_fields__.values()}
-    for field in ("index_topk", "index_n_heads", "index_head_dim", "qk_nope_head_dim", "qk_rope_head_dim",
-                  "window_size", "num_attention_heads", "v_head_dim"):
+    for field in (
+        "index_topk",
+        "index_n_heads",
+        "index_head_dim",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "window_size",
+        "num_attention_heads",
+        "v_head_dim",
+    ):
         assert getattr(FLASH, field) == defaults[field], field
     assert len(FLASH.compress_ratios) == defaults["num_hidden_layers"] == 43
     assert (FLASH.layers(4), FLASH.layers(128), FLASH.layers(0)) == (21, 20, 2)
     assert (PRO.layers(4), PRO.layers(128), PRO.layers(0), PRO.index_topk) == (30, 31, 0, 1024)
-    config = dict(P.STAND_IN_CONFIG, compress_ratios=[*P.STAND_IN_CONFIG["compress_ratios"], 0])  # + the MTP layer
+    config = dict(
+        P.STAND_IN_CONFIG, compress_ratios=[*P.STAND_IN_CONFIG["compress_ratios"], 0]
+    )  # + the MTP layer
     (tmp_path / "config.json").write_text(json.dumps(config))
     mine = from_config(tmp_path / "config.json", 13e9)
     assert mine.compress_ratios == FLASH.compress_ratios and mine.index_topk == 512
 
 
-def test_the_committed_artifact_is_a_fresh_runs_and_the_printed_tables_are_its_block(fresh: tuple[dict, str]) -> None:
+def test_the_committed_artifact_is_a_fresh_runs_and_the_printed_tables_are_its_block(
+    fresh: tuple[dict, str],
+) -> None:
     data, printed = fresh
     # which series made it is provenance, not a figure: the committed run may name an earlier one
     unnamed = {SERIES_HASH: None}

@@ -47,8 +47,13 @@ def _means(rel: str) -> dict[tuple[str, int, int], dict[str, float]]:
     import json
 
     res = json.loads((ROOT / rel).read_text())
-    return {(e["arm"], e["topk"], e["length_tokens"]): {"same": e["recall_tie"]["mean"], "exact": e.get("recall_tie_unq", {}).get("mean", float("nan"))}
-            for e in res["per_length"]}
+    return {
+        (e["arm"], e["topk"], e["length_tokens"]): {
+            "same": e["recall_tie"]["mean"],
+            "exact": e.get("recall_tie_unq", {}).get("mean", float("nan")),
+        }
+        for e in res["per_length"]
+    }
 
 
 @pytest.mark.parametrize("profile, folder", figures.TIER2_H200_RUNS)
@@ -98,8 +103,10 @@ def test_the_deepgemm_block_reads_what_the_committed_logs_say(tmp_path: Path) ->
     log.write_text(body)
     # a later call on the same machine: the build reused, the JIT cache full; not the source
     later = dst / "stage-99999999-9999.log"
-    later.write_text("DeepGEMM build reused from an earlier call on this machine\n"
-                     + body.replace("No such file", "kernel.sm90_paged_mqa_logits_metadata"))
+    later.write_text(
+        "DeepGEMM build reused from an earlier call on this machine\n"
+        + body.replace("No such file", "kernel.sm90_paged_mqa_logits_metadata")
+    )
     assert f"Source `{figures.DEEPGEMM}/{source}`" in figures.deepgemm(tmp_path)
     later.unlink()
     for other in dst.glob("*.log"):
@@ -128,8 +135,11 @@ def test_what_sessions_7_and_8_say_about_the_deepgemm_anchor_holds_in_the_commit
     is further from DeepGEMM than from the twin; and the one it does not: at one of the two largest
     decode shapes bf16 at its default config is just past the key-byte ratio of DeepGEMM."""
     read = json.loads((ROOT / figures.H200 / "bench/session-8/bench_read.json").read_text())
-    decode = [r for r in read["results"] if r["shape"]["mode"] == "decode" and not r["shape"].get("width")
-              and r["shape"]["keys"] >= 8192]
+    decode = [
+        r
+        for r in read["results"]
+        if r["shape"]["mode"] == "decode" and not r["shape"].get("width") and r["shape"]["keys"] >= 8192
+    ]
     assert decode and all(r["fp8_deepgemm"]["ms"] < r["fp8_best"]["ms"] for r in decode)
     for p in read["long_prefill"]:
         paged = [p["arms"][a]["ms"] for a in ("bf16", "fp8_twin", "tilelang")]
@@ -154,24 +164,41 @@ def test_what_session_8_says_about_the_grouped_config_holds_in_its_artifacts() -
     read = json.loads((ROOT / figures.H200 / "bench/session-8/bench_read.json").read_text())
     for m in read["mtp"]:
         config = m["grouped"]["config"]
-        smem = report.grouped_smem_bytes(config["block_n"], config["num_stages"], m["next_n"], read["meta"]["heads"])
+        smem = report.grouped_smem_bytes(
+            config["block_n"], config["num_stages"], m["next_n"], read["meta"]["heads"]
+        )
         assert report.SM_SHARED_BYTES // (smem + report.BLOCK_RESERVED_BYTES) == 2, m["next_n"]
         if m["next_n"] != 4:
             continue
         assert m["grouped_best"]["config"] == config
-        swept = {(t["config"]["num_warps"], t["config"]["num_stages"], t["config"]["block_n"],
-                  t["config"]["max_split_n"]): t["ms"] for t in m["grouped_sweep"] if t["config"]["swap_ab"]}
+        swept = {
+            (
+                t["config"]["num_warps"],
+                t["config"]["num_stages"],
+                t["config"]["block_n"],
+                t["config"]["max_split_n"],
+            ): t["ms"]
+            for t in m["grouped_sweep"]
+            if t["config"]["swap_ab"]
+        }
         two_stages, eight_warps = swept[(4, 2, 64, 2048)], swept[(8, 3, 64, 2048)]
-        assert two_stages > m["grouped"]["ms"] and m["grouped"]["ms"] < eight_warps < 1.05 * m["grouped"]["ms"]
+        assert (
+            two_stages > m["grouped"]["ms"] and m["grouped"]["ms"] < eight_warps < 1.05 * m["grouped"]["ms"]
+        )
     compiled = json.loads((ROOT / figures.RESULTS / "sm120/bf16-read-compile.json").read_text())["reports"]
     sm120 = {r["variant"]: r for r in compiled if r["target"] == "sm120"}
-    assert sm120["MTP verify, groups of 4"]["shared_bytes"] <= sm120["MTP verify, groups of 4"]["shared_limit"]
+    assert (
+        sm120["MTP verify, groups of 4"]["shared_bytes"] <= sm120["MTP verify, groups of 4"]["shared_limit"]
+    )
     before = next(r for r in sm120.values() if not r["production"])
     assert before["shared_bytes"] > before["shared_limit"]
     sm100 = next(r for r in compiled if r["target"] == "sm100" and r["variant"] == "MTP verify, groups of 4")
     assert sm100["spill_bytes"] > 0
     stage = (ROOT / figures.DEEPGEMM / "stage-20261202-1014.log").read_text()
-    counts = [int(n) for n in re.findall(r"^std::locale symbols defined in the extension: (\d+)$", stage, re.MULTILINE)]
+    counts = [
+        int(n)
+        for n in re.findall(r"^std::locale symbols defined in the extension: (\d+)$", stage, re.MULTILINE)
+    ]
     assert len(counts) == 2 and counts[0] >= 100 and counts[1] < 20
     assert re.search(r"^--- 6\..*\n(?:.*\n)*?metadata \[", stage, re.MULTILINE)
     run = json.loads((ROOT / figures.H200 / "forward/20261202-1015-sm90-sm120/results.json").read_text())

@@ -23,8 +23,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
-    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+    return (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+    )
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -98,6 +102,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """Edges between sibling packages: verify.bench -> verify.parity when a module of one imports
     a module of the other (a module's own package is its parent)."""
+
     def parent(name: str) -> str:
         return name.rpartition(".")[0] or name
 
@@ -148,6 +153,9 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_the_package_graph_lifts_module_edges_to_sibling_packages() -> None:
-    graph = {"verify.bench.read": {"verify.parity.cases"}, "verify.parity.cases": {"verify.bench.twin"},
-             "verify.core.a": {"verify.core.b"}}  # fmt: skip
+    graph = {
+        "verify.bench.read": {"verify.parity.cases"},
+        "verify.parity.cases": {"verify.bench.twin"},
+        "verify.core.a": {"verify.core.b"},
+    }
     assert _cycles(_package_graph(graph)) == [["verify.bench", "verify.parity"]]

@@ -16,7 +16,9 @@ def test_kernel_module_by_package_import() -> None:
     assert route == "package import" and callable(module.bf16_paged_mqa_logits)
 
 
-def test_kernel_module_as_a_standalone_file_when_sglangs_import_chain_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernel_module_as_a_standalone_file_when_sglangs_import_chain_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     real = importlib.import_module
 
     def no_sglang(name: str, package: str | None = None):  # type: ignore[no-untyped-def]
@@ -34,7 +36,9 @@ def test_kernel_module_as_a_standalone_file_when_sglangs_import_chain_fails(monk
 
 
 def test_a_tree_missing_from_the_path_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib, "import_module", lambda name, package=None: (_ for _ in ()).throw(ImportError(name)))
+    monkeypatch.setattr(
+        importlib, "import_module", lambda name, package=None: (_ for _ in ()).throw(ImportError(name))
+    )
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "sglang-upstream" not in p])
     monkeypatch.delitem(sys.modules, "_verify_bf16_index_logits", raising=False)
     with pytest.raises(U.UpstreamMissing, match="put the patched upstream's python/ on PYTHONPATH"):

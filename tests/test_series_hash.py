@@ -55,8 +55,30 @@ def test_the_cpu_writers_record_the_same_series_hash(applied: str, tmp_path: Pat
 
     key = provenance.SERIES_HASH
     recall = tmp_path / "recall"
-    assert cli.main(["--out", str(recall), "--backend", "cpu", "--lengths", "338", "--topk", "64", "--depths", "50",
-                     "--margins", "0.2", "--modes", "top", "--quiet", "--no-plots", "--no-diagnose"]) == 0
+    assert (
+        cli.main(
+            [
+                "--out",
+                str(recall),
+                "--backend",
+                "cpu",
+                "--lengths",
+                "338",
+                "--topk",
+                "64",
+                "--depths",
+                "50",
+                "--margins",
+                "0.2",
+                "--modes",
+                "top",
+                "--quiet",
+                "--no-plots",
+                "--no-diagnose",
+            ]
+        )
+        == 0
+    )
     recorded = {"tier 2": json.loads((recall / "results.json").read_text())["versions"][key]}
 
     diagnose.main(["--backend", "cpu", "--platform", "sm90", "--out", str(tmp_path / "diagnose")])
@@ -70,14 +92,20 @@ def test_the_cpu_writers_record_the_same_series_hash(applied: str, tmp_path: Pat
 
 def _calls_the_one_function(path: Path) -> bool:
     """Whether the module imports series_hash and SERIES_HASH from verify.core.provenance."""
-    return any(isinstance(node, ast.ImportFrom) and node.module == "verify.core.provenance"
-               and {"SERIES_HASH", "series_hash"} <= {a.name for a in node.names}
-               for node in ast.walk(ast.parse(path.read_text())))
+    return any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "verify.core.provenance"
+        and {"SERIES_HASH", "series_hash"} <= {a.name for a in node.names}
+        for node in ast.walk(ast.parse(path.read_text()))
+    )
 
 
 def test_every_result_writer_takes_the_hash_from_the_one_function() -> None:
     assert [w for w in WRITERS if not _calls_the_one_function(ROOT / w)] == []
     # and nothing else in verify/ hashes a series of its own (the defect this replaces)
-    own = [p.relative_to(ROOT).as_posix() for p in (ROOT / "verify").rglob("*.py")
-           if "hashlib" in p.read_text() and '"series"' in p.read_text()]
+    own = [
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "verify").rglob("*.py")
+        if "hashlib" in p.read_text() and '"series"' in p.read_text()
+    ]
     assert own == []

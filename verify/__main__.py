@@ -59,8 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m verify", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results folder (default build/verify/<time>)")
     parser.add_argument("--tiers", nargs="+", choices=("1", "2", "forward"), default=["1", "2"])
-    parser.add_argument("--platform", default="auto", help="GPU profile of the fp8 path: auto, sm90, sm100, sm120, hip")
-    parser.add_argument("--backend", choices=("cpu", "gpu"), default=None, help="tier 2 backend (default: gpu if CUDA)")
+    parser.add_argument(
+        "--platform", default="auto", help="GPU profile of the fp8 path: auto, sm90, sm100, sm120, hip"
+    )
+    parser.add_argument(
+        "--backend", choices=("cpu", "gpu"), default=None, help="tier 2 backend (default: gpu if CUDA)"
+    )
     ns, rest = parser.parse_known_args(args)
     out = ns.out or ROOT / "build" / "verify" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
@@ -74,17 +78,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             from verify.parity import read, store
 
             baseline = _baseline_tree(ROOT)
-            store_args = ["--out", str(out / "parity")] + (["--baseline-tree", str(baseline)] if baseline else [])
+            store_args = ["--out", str(out / "parity")] + (
+                ["--baseline-tree", str(baseline)] if baseline else []
+            )
             codes["tier 1 store parity"] = _run("tier 1 store parity", store.main, store_args)
-            codes["tier 1 read parity"] = _run("tier 1 read parity", read.main, ["--out", str(out / "parity")])
+            codes["tier 1 read parity"] = _run(
+                "tier 1 read parity", read.main, ["--out", str(out / "parity")]
+            )
         else:
             print(f"tier 1 (kernel parity) needs a CUDA GPU: skipped here; the H200 run is in {RECORDED}/")
     if "2" in ns.tiers:
         from verify.recall.cli import main as recall_main
 
         backend = ns.backend or ("gpu" if gpu else "cpu")
-        codes["tier 2 recall"] = _run("tier 2 recall", recall_main,
-                                      ["--out", str(out / "recall"), "--backend", backend, "--platform", ns.platform, *rest])
+        codes["tier 2 recall"] = _run(
+            "tier 2 recall",
+            recall_main,
+            ["--out", str(out / "recall"), "--backend", backend, "--platform", ns.platform, *rest],
+        )
     if "forward" in ns.tiers:
         from verify.forward.cli import main as forward_main
 
@@ -94,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             fargs += ["--baseline-tree", str(baseline)]
         code = _run("forward tier", forward_main, fargs)
         if code == 3:  # no GPU: the dispatch probe ran; the scenarios are recorded for the H200
-            print(f"forward tier: scenarios need a CUDA GPU (the dispatch probe ran); the H200 run is in {RECORDED}/forward/")
+            print(
+                f"forward tier: scenarios need a CUDA GPU (the dispatch probe ran); the H200 run is in {RECORDED}/forward/"
+            )
             code = 0
         codes["forward tier"] = code
     print("\nverify_recall summary (" + str(out) + "):")

@@ -129,8 +129,10 @@ def _previous_inputs(root: Path, info: carried.Carried, names: list[str]) -> dic
             blob = info.from_blobs.get(name)
             proc = gitutil.git(["cat-file", "blob", blob], root, check=False) if blob else None
             if proc is None or proc.returncode != 0:
-                print(f"note: {name} as it was carried ({(blob or '?')[:12]}) is not in this repository's "
-                      "objects: its resolutions cannot be replayed")  # fmt: skip
+                print(
+                    f"note: {name} as it was carried ({(blob or '?')[:12]}) is not in this repository's "
+                    "objects: its resolutions cannot be replayed"
+                )
                 return None
             found[name] = proc.stdout
         return found
@@ -141,8 +143,10 @@ def _previous_inputs(root: Path, info: carried.Carried, names: list[str]) -> dic
         shash, files = series_hash_at(root, commit)
         if shash == info.from_series:
             return files
-    print(f"note: the series/ that was carried (series {info.from_series[:12]}) is not in git history: "
-          "its resolutions cannot be replayed")  # fmt: skip
+    print(
+        f"note: the series/ that was carried (series {info.from_series[:12]}) is not in git history: "
+        "its resolutions cannot be replayed"
+    )
     return None
 
 
@@ -160,11 +164,16 @@ def replay_plan(root: Path, repo: Path, bases: Bases, prev_dir: Path, names: lis
         count += 1
     if count == 0:
         return None
-    then = apply_chain(repo, bases.old_base, [olds[n] for n in names[:count]], names[:count], f"{REPLAY_REF}/then")
+    then = apply_chain(
+        repo, bases.old_base, [olds[n] for n in names[:count]], names[:count], f"{REPLAY_REF}/then"
+    )
     was = apply_chain(
-        repo, bases.new_base, [(prev_dir / n).read_bytes() for n in names[:count]], names[:count],
+        repo,
+        bases.new_base,
+        [(prev_dir / n).read_bytes() for n in names[:count]],
+        names[:count],
         f"{REPLAY_REF}/carried",
-    )  # fmt: skip
+    )
     now = gitutil.out(["rev-list", "--reverse", f"{bases.old_base}..{bases.old_tip}"], repo).split()
     if then is None or was is None:
         print("note: the carried series or what it was carried from no longer applies: no replay")

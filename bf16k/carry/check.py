@@ -97,8 +97,9 @@ def _settle_in_patch_favour(repo: Path) -> None:
                 d = Path(tmp)
                 for label, data in (("o", stages[2]), ("b", stages[1] or b""), ("t", stages[3])):
                     (d / label).write_bytes(data)
-                proc = gitutil.git(["merge-file", "-p", "--theirs", str(d / "o"), str(d / "b"), str(d / "t")], d,
-                                   check=False)  # fmt: skip
+                proc = gitutil.git(
+                    ["merge-file", "-p", "--theirs", str(d / "o"), str(d / "b"), str(d / "t")], d, check=False
+                )
                 merged = proc.stdout
             (repo / path).write_bytes(merged)
             gitutil.git(["add", "--", path], repo)
@@ -141,10 +142,16 @@ def _check_with_carried(
     report = ReleaseReport(version, release.detail)
     report.basis = f"each patch on the patches before it as carried in `series/next/{version}/`"
     carried_names = series.read_order(carried_dir)
-    chain = chains.apply_chain(
-        repo, bases.new_base, [(carried_dir / n).read_bytes() for n in carried_names], carried_names,
-        f"{REPLAY_REF}/check",
-    ) or []  # fmt: skip
+    chain = (
+        chains.apply_chain(
+            repo,
+            bases.new_base,
+            [(carried_dir / n).read_bytes() for n in carried_names],
+            carried_names,
+            f"{REPLAY_REF}/check",
+        )
+        or []
+    )
     position = {n: i for i, n in enumerate(carried_names)}
     plan = chains.replay_plan(root, repo, bases, carried_dir, names)
     clean_replay: set[str] = set()
@@ -160,8 +167,10 @@ def _check_with_carried(
         rest = len(names) - plan.count
         report.replay = (
             f"A re-carry from today's series/ (`nox -s rebase -- --recarry {version}`) replays "
-            f"`series/next/{version}/` " + (replay_stop if replay_stop else f"cleanly for {len(clean_replay)} patches")
-            + (f"; {rest} more would be carried with `git am`" if rest else "") + "."
+            f"`series/next/{version}/` "
+            + (replay_stop if replay_stop else f"cleanly for {len(clean_replay)} patches")
+            + (f"; {rest} more would be carried with `git am`" if rest else "")
+            + "."
         )
     else:
         report.replay = (
@@ -170,10 +179,16 @@ def _check_with_carried(
         )
     for k, name in enumerate(names):
         preds = names[:k]
-        if chain and all(n in position for n in preds) and [position[n] for n in preds] == list(range(len(preds))):
+        if (
+            chain
+            and all(n in position for n in preds)
+            and [position[n] for n in preds] == list(range(len(preds)))
+        ):
             patches.reset_to(repo, chain[k - 1] if k else bases.new_base)
         else:
-            report.results.append(PatchResult(name, "not checked", ["its predecessors are not carried in order"]))
+            report.results.append(
+                PatchResult(name, "not checked", ["its predecessors are not carried in order"])
+            )
             continue
         status, where = _try(repo, (series_dir / name).read_bytes(), name, k)
         result = PatchResult(name, status, where)
@@ -185,7 +200,9 @@ def _check_with_carried(
     return report
 
 
-def _check_fresh(root: Path, repo: Path, release: ReleaseTree, names: list[str], series_dir: Path) -> ReleaseReport:
+def _check_fresh(
+    root: Path, repo: Path, release: ReleaseTree, names: list[str], series_dir: Path
+) -> ReleaseReport:
     """A release nobody carried yet: `git am -3`, each conflict settled in the patch's favour."""
     version = release.version
     report = ReleaseReport(version, release.detail)
@@ -219,7 +236,9 @@ def check_release(root: Path, repo: Path, pin: Pin, version: str, names: list[st
     upstream.fetch_import(repo, cache, ref, f"refs/bf16k/check/{version}")
     series_dir = root / "series"
     old_tip = chains.apply_old_series(repo, old_base, series_dir, names)
-    release = ReleaseTree(version, f"PyPI wheel {wheel.name}, base {base[:12]}", Bases(old_base, base, old_tip))
+    release = ReleaseTree(
+        version, f"PyPI wheel {wheel.name}, base {base[:12]}", Bases(old_base, base, old_tip)
+    )
     carried_dir = Target(root, version).series_dir
     if (carried_dir / "pin.toml").is_file():
         return _check_with_carried(root, repo, release, names, series_dir, carried_dir)
@@ -236,10 +255,18 @@ def _release_section(report: ReleaseReport | str, version: str, total: int) -> l
         resolved = [r for r in conflicts if r.resolved_by]
         verdict = f"{len(conflicts)} of {total} patches conflict"
         if resolved:
-            verdict += (", all resolved by a carried series" if len(resolved) == len(conflicts)
-                        else f", {len(resolved)} resolved by a carried series")  # fmt: skip
-    lines = [f"## sglang {version}: {verdict}", "", f"Upstream: {report.detail}.",
-             f"Counted the way a carry meets them: {report.basis}.", ""]  # fmt: skip
+            verdict += (
+                ", all resolved by a carried series"
+                if len(resolved) == len(conflicts)
+                else f", {len(resolved)} resolved by a carried series"
+            )
+    lines = [
+        f"## sglang {version}: {verdict}",
+        "",
+        f"Upstream: {report.detail}.",
+        f"Counted the way a carry meets them: {report.basis}.",
+        "",
+    ]
     lines += ["| # | patch | a carry meets | where | resolved by |", "| --- | --- | --- | --- | --- |"]
     for i, r in enumerate(report.results, start=1):
         lines.append(
@@ -280,18 +307,24 @@ def _carried_section(root: Path, tmp: Path, python: seriestests.TestPython | Non
             continue
         run = runs.get(version)
         if python is None:
-            lines.append(f"- {where}: applies on its release and exports byte-identically; series tests not run (--no-tests)")
+            lines.append(
+                f"- {where}: applies on its release and exports byte-identically; series tests not run (--no-tests)"
+            )
         elif run is None or not run.ok:
             ok = False
-            lines.append(f"- {where}: applies and exports byte-identically, but its series tests **FAIL** "
-                         f"({run.summary() if run else 'not run'})")  # fmt: skip
+            lines.append(
+                f"- {where}: applies and exports byte-identically, but its series tests **FAIL** "
+                f"({run.summary() if run else 'not run'})"
+            )
             for f in (run.failures if run else [])[:10]:
                 lines.append(f"  - `{f.nodeid}`: {f.message}")
             if run is not None and not run.failures:
                 lines += ["  ```", *run.output.splitlines()[-15:], "  ```"]
         else:
-            lines.append(f"- {where}: applies on its release, exports byte-identically, its series tests pass "
-                         f"({run.summary()})")  # fmt: skip
+            lines.append(
+                f"- {where}: applies on its release, exports byte-identically, its series tests pass "
+                f"({run.summary()})"
+            )
     return ok, lines
 
 

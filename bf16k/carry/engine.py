@@ -123,8 +123,9 @@ def _fetch_pinned_commit(root: Path, repo: Path, pin: Pin) -> str:
 
 
 def _fetch_ref(repo: Path, repository: str, ref: str) -> str:
-    proc = gitutil.git(["fetch", "-q", "--no-tags", repository, f"+{ref}:{NEW_BASE_REF}"], repo,
-                       check=False, timeout=600)  # fmt: skip
+    proc = gitutil.git(
+        ["fetch", "-q", "--no-tags", repository, f"+{ref}:{NEW_BASE_REF}"], repo, check=False, timeout=600
+    )
     if proc.returncode != 0:
         raise ToolError(
             f"could not fetch {ref} from {repository} (a git-ref target needs the network):\n"
@@ -134,12 +135,16 @@ def _fetch_ref(repo: Path, repository: str, ref: str) -> str:
     return gitutil.rev_parse(repo, NEW_BASE_REF)
 
 
-def _build_bases(root: Path, repo: Path, pin: Pin, rel_: Release, wheel_file: Path | None) -> tuple[Bases, Path, str]:
+def _build_bases(
+    root: Path, repo: Path, pin: Pin, rel_: Release, wheel_file: Path | None
+) -> tuple[Bases, Path, str]:
     """Old and new base commits in the carried tree, the release's wheel, and where the new base came from."""
     if rel_.kind == "wheel":
         wheel = releases.release_wheel(rel_.version, pin, wheel_file)
         if not releases.wheel_has_dsv4(wheel):
-            raise ToolError(f"{wheel.name} has no {releases.DSV4_MODEL}: sglang {rel_.version} cannot carry the series")
+            raise ToolError(
+                f"{wheel.name} has no {releases.DSV4_MODEL}: sglang {rel_.version} cannot carry the series"
+            )
         new_pin = releases.release_pin(pin, rel_, wheel)
         old_base, new_base = upstream.materialize_carried(repo, new_pin, pin, wheel)
         gitutil.git(["update-ref", OLD_BASE_REF, old_base], repo)
@@ -208,8 +213,10 @@ def start(
     if release.kind == "wheel" and wheel_file is None:
         releases.check_release_exists(release.version, pin)
     if release.older:
-        print(f"warning: sglang {release.version} is older than the pinned {pin.version}: this is a port, not a "
-              "carry forward; the series is fitted onto older upstream code, and the pin cannot move there")  # fmt: skip
+        print(
+            f"warning: sglang {release.version} is older than the pinned {pin.version}: this is a port, not a "
+            "carry forward; the series is fitted onto older upstream code, and the pin cannot move there"
+        )
     repo = Target(root, release.version).upstream_dir
     prior = _prepare_tree(repo)
     try:
@@ -227,19 +234,38 @@ def start(
     if gitutil.is_repo(root):  # keep the inputs findable for a later re-carry, committed or not
         gitutil.git(["hash-object", "-w", "--", *[f"series/{n}" for n in names]], root, check=False)
     state = CarryState(
-        release, prior, bases, str(wheel), detail, pin.version, names, series.series_hash(series_dir),
-        chains.blobs_now(root, names), prev_reasons=list(prev_info.resolutions),
+        release,
+        prior,
+        bases,
+        str(wheel),
+        detail,
+        pin.version,
+        names,
+        series.series_hash(series_dir),
+        chains.blobs_now(root, names),
+        prev_reasons=list(prev_info.resolutions),
         prev_patches={n: (prev_dir / n).read_text(errors="replace") for n in series.read_order(prev_dir)}
-        if prev_dir is not None else {},
-        phase=Phase.APPLY, replay=plan, am_offset=plan.count if plan else 0, python=python,
-        queue=list(queue or []), started=time.time(),
-    )  # fmt: skip
+        if prev_dir is not None
+        else {},
+        phase=Phase.APPLY,
+        replay=plan,
+        am_offset=plan.count if plan else 0,
+        python=python,
+        queue=list(queue or []),
+        started=time.time(),
+    )
     carry = Carry(root, repo, state)
     patches.reset_to(repo, bases.new_base)
     chains.stash_series(repo, series_dir, names)
     carry.save()
-    upstream.write_state(repo, {"source": "wheel" if release.kind == "wheel" else "submodule",
-                                "base": bases.new_base, "version": release.version})  # fmt: skip
+    upstream.write_state(
+        repo,
+        {
+            "source": "wheel" if release.kind == "wheel" else "submodule",
+            "base": bases.new_base,
+            "version": release.version,
+        },
+    )
     intro = list(prior.notes) + ([f"cleared {cleared} recorded rerere resolution(s)"] if cleared else [])
     intro.append(f"carrying {plural(len(names), 'patch', 'patches')} from {pin.version} to {detail}")
     if plan:
@@ -323,24 +349,38 @@ def _replay(carry: Carry) -> Outcome | None:
         auto = replay.merge_trees(repo, o, c, n)
         tree, candidates = auto.tree, list(auto.conflicts)
         if plan.committed_tree != plan.merged_tree:  # a hand resolution earlier: keep it where it still fits
-            chained = replay.merge_trees(repo, plan.merged_tree, plan.committed_tree, auto.tree,
-                                         labels=("yours", "before", "replayed"))  # fmt: skip
+            chained = replay.merge_trees(
+                repo, plan.merged_tree, plan.committed_tree, auto.tree, labels=("yours", "before", "replayed")
+            )
             tree, candidates = chained.tree, sorted(set(candidates) | set(chained.conflicts))
         conflicts = [p for p in candidates if _tree_has_markers(repo, tree, p) or p in auto.structural]
         then, was, now = (replay.message_of(repo, chain[k]) for chain in (plan.then, plan.carried, plan.now))
         message, clean = replay.merge_messages(repo, then, was, now)
         if not clean:
-            plan.notes.append(f"{name}: its message was edited in the carry and in series/ since; series/'s is used")
+            plan.notes.append(
+                f"{name}: its message was edited in the carry and in series/ since; series/'s is used"
+            )
         author = replay.author_of(repo, plan.now[k])
         plan.merged_tree = auto.tree
         if conflicts:
             replay.checkout_tree(repo, gitutil.rev_parse(repo, "HEAD"), tree)
             plan.pending = PendingReplay(tree, message, author, conflicts)
             hunks = reasonsmod.marker_hunks(repo, conflicts)
-            stop = Stop("replay", len(names), k, name, message.split("\n", 1)[0], conflicts,
-                        [(h.path, h.line) for h in hunks])  # fmt: skip
-            _save_stop(carry, "replay", f"patch {k + 1} '{name}': replaying conflicts in "
-                       f"{plural(len(conflicts), 'file')}", hunks)  # fmt: skip
+            stop = Stop(
+                "replay",
+                len(names),
+                k,
+                name,
+                message.split("\n", 1)[0],
+                conflicts,
+                [(h.path, h.line) for h in hunks],
+            )
+            _save_stop(
+                carry,
+                "replay",
+                f"patch {k + 1} '{name}': replaying conflicts in {plural(len(conflicts), 'file')}",
+                hunks,
+            )
             return Outcome(stop, messages.replay(carry, stop, hunks))
         _commit_replayed(carry, tree, message, author)
         carry.save()
@@ -364,7 +404,9 @@ def _commit_replayed(carry: Carry, tree: str, message: str, author: tuple[str, s
 # --------------------------------------------------------------------------- continue / skip / abort
 
 
-def resume(root: Path, *, gate: Gate, messages: list[str] | None = None, python: str | None = None) -> Outcome:
+def resume(
+    root: Path, *, gate: Gate, messages: list[str] | None = None, python: str | None = None
+) -> Outcome:
     """Go on after a stop (``--continue``): the maintainer's ``messages`` give one reason per hunk."""
     return _go_on(root, gate, skip=False, text="\n".join(messages or []), python=python)
 
@@ -391,7 +433,9 @@ def _go_on(root: Path, gate: Gate, *, skip: bool, text: str, python: str | None)
                 "--skip leaves out a patch upstream already contains; it cannot skip the tests: fix the "
                 "patch or its test and --continue, or --abort"
             )
-        notes, found = absorb.absorb(carry.repo, state.bases.new_base, state.stop.tip if state.stop else "", text)
+        notes, found = absorb.absorb(
+            carry.repo, state.bases.new_base, state.stop.tip if state.stop else "", text
+        )
         for note in notes:
             print(note, flush=True)
         state.reasons = state.reasons + found
@@ -413,7 +457,8 @@ def _refuse_markers(carry: Carry, paths: list[str]) -> None:
     left = [(p, n) for p in paths for n in marker_lines(carry.repo / p)]
     if left:
         raise ToolError(
-            "conflict markers remain, resolve them first:\n" + "\n".join(f"  {carry.where}/{p}:{n}" for p, n in left)
+            "conflict markers remain, resolve them first:\n"
+            + "\n".join(f"  {carry.where}/{p}:{n}" for p, n in left)
         )
 
 
@@ -436,7 +481,9 @@ def _resume_replay(carry: Carry, gate: Gate, skip: bool, text: str) -> Outcome:
     _refuse_markers(carry, pending.conflicts)
     name = state.names[plan.index]
     tree = replay.worktree_tree(carry.repo)
-    extra = [h for h in reasonsmod.tree_hunks(carry.repo, pending.tree, tree) if h.path not in pending.conflicts]
+    extra = [
+        h for h in reasonsmod.tree_hunks(carry.repo, pending.tree, tree) if h.path not in pending.conflicts
+    ]
     found = _require_reasons(text, reasonsmod.unique(_stop_hunks(state) + extra), name, "replay")
     _commit_replayed(carry, tree, pending.message, pending.author)
     state.reasons = state.reasons + found
@@ -509,7 +556,11 @@ def abort(root: Path) -> str:
     patches.abort_am(carry.repo)
     _restore_tree(carry.repo, prior)
     if prior.created:
-        return f"rebase to {carry.state.version} aborted: removed {carry.where}; series/ and pin.toml untouched"
+        return (
+            f"rebase to {carry.state.version} aborted: removed {carry.where}; series/ and pin.toml untouched"
+        )
     notes = "; ".join(prior.notes)
-    return (f"rebase to {carry.state.version} aborted: {carry.where} is back where it was; "
-            "series/ and pin.toml untouched" + (f" ({notes})" if notes else ""))  # fmt: skip
+    return (
+        f"rebase to {carry.state.version} aborted: {carry.where} is back where it was; "
+        "series/ and pin.toml untouched" + (f" ({notes})" if notes else "")
+    )

@@ -82,15 +82,24 @@ def _bump_last_update(carry: Carry) -> list[str]:
     return bumped
 
 
-def final_reasons(new: list[Reason], old: list[Reason], exported: Exported, rd: rangediff.RangeDiff) -> list[Reason]:
+def final_reasons(
+    new: list[Reason], old: list[Reason], exported: Exported, rd: rangediff.RangeDiff
+) -> list[Reason]:
     """This carry's reasons (``new``), plus the replaced carry's (``old``) for patches a human still
     changed, in files the carried patch touches or its range-diff shows (a reason for a file
     neither has any more explains nothing)."""
     unchanged = {e.name for e in rd.entries if e.cls == rangediff.UNCHANGED}
-    touched = {name: {fd.old_path for fd in diffs.parse(data.decode("utf-8", "replace"))} for name, data in exported}
+    touched = {
+        name: {fd.old_path for fd in diffs.parse(data.decode("utf-8", "replace"))} for name, data in exported
+    }
     shown = {(e.name, h.path) for e in rd.entries for h in e.hunks}
-    old = [r for r in old if r.patch in touched and r.patch not in unchanged
-           and ((r.patch, r.path) in shown or r.path in touched[r.patch])]  # fmt: skip
+    old = [
+        r
+        for r in old
+        if r.patch in touched
+        and r.patch not in unchanged
+        and ((r.patch, r.path) in shown or r.path in touched[r.patch])
+    ]
     # A reason said again in this carry for the same file (another scope) replaces the old one.
     said = {(r.patch, r.path, r.why) for r in new}
     old = [r for r in old if (r.patch, r.path, r.why) not in said]
@@ -148,15 +157,26 @@ def finish(carry: Carry) -> Outcome:
     return Outcome(None, message, queue=list(state.queue), python=state.python)
 
 
-def _markdown(old_version: str, version: str, old_base: str, rd: rangediff.RangeDiff, new_label: str,
-              reasons: list[Reason]) -> str:  # fmt: skip
+def _markdown(
+    old_version: str,
+    version: str,
+    old_base: str,
+    rd: rangediff.RangeDiff,
+    new_label: str,
+    reasons: list[Reason],
+) -> str:
     title = f"Range-diff: series on sglang {old_version} → {version}"
     old = f"`series/` on sglang {old_version} (base `{old_base[:12]}`)"
     return rangediff.to_markdown(rd, title, old, new_label, reasons)
 
 
 def _write_carried(
-    carry: Carry, pin: Pin, exported: Exported, rd: rangediff.RangeDiff, dropped: dict[str, str], reasons: list[Reason]
+    carry: Carry,
+    pin: Pin,
+    exported: Exported,
+    rd: rangediff.RangeDiff,
+    dropped: dict[str, str],
+    reasons: list[Reason],
 ) -> str:
     root, repo, state = carry.root, carry.repo, carry.state
     version, new_base = state.version, state.bases.new_base
@@ -169,24 +189,42 @@ def _write_carried(
     pinmod.save(cpin, dest / "pin.toml")
     v = state.verified
     record = carried.Carried(
-        from_series=state.old_series_hash, from_blobs=dict(state.from_blobs), dropped=dropped,
-        verified=v or carried.Verified(), resolutions=reasons,
-    )  # fmt: skip
+        from_series=state.old_series_hash,
+        from_blobs=dict(state.from_blobs),
+        dropped=dropped,
+        verified=v or carried.Verified(),
+        resolutions=reasons,
+    )
     (dest / carried.FILE).write_text(carried.render(pin, record))
     label = (
         f"`series/next/{version}/` on sglang {version} (PyPI wheel `{wheel.name}`, base `{new_base[:12]}`)"
     )
-    (dest / "range-diff.md").write_text(_markdown(state.old_version, version, state.bases.old_base, rd, label, reasons))
+    (dest / "range-diff.md").write_text(
+        _markdown(state.old_version, version, state.bases.old_base, rd, label, reasons)
+    )
     shash = series.series_hash(dest)
-    upstream.write_state(repo, {"source": "wheel", "base": new_base, "version": version,
-                                "series_hash": shash, "head": gitutil.rev_parse(repo, "HEAD")})  # fmt: skip
+    upstream.write_state(
+        repo,
+        {
+            "source": "wheel",
+            "base": new_base,
+            "version": version,
+            "series_hash": shash,
+            "head": gitutil.rev_parse(repo, "HEAD"),
+        },
+    )
     count = len(exported)
-    port = f" This is a port back to an older release than the pin ({pin.version})." if state.release.older else ""
+    port = (
+        f" This is a port back to an older release than the pin ({pin.version})."
+        if state.release.older
+        else ""
+    )
     entry = (
         f"Carried the series ({plural(count, 'patch', 'patches')}, from series `{state.old_series_hash[:12]}`) "
         f"from sglang {pin.version} to {version} (PyPI wheel `{wheel.name}`, "
         f"sha256 `{cpin.wheel.sha256[:12]}…`) as `series/next/{version}/`; its upstream commit is not known "
-        f"yet, so the pin stays at {pin.version}. Range-diff: {rd.summary()}." + dropped_text(dropped)
+        f"yet, so the pin stays at {pin.version}. Range-diff: {rd.summary()}."
+        + dropped_text(dropped)
         + hand_merged_text(rd, reasons)
         + (f" Its tests pass there ({v.tests}, CPU) and every prefix bisects." if v and v.tests else "")
         + port
@@ -194,21 +232,33 @@ def _write_carried(
     how = add_changelog(root, entry, key=f"`series/next/{version}/`")
     tests, tests_s = (v.tests, v.tests_seconds) if v else ("?", "?")
     bisected, bisect_s = (v.bisect, v.bisect_seconds) if v else ("?", "?")
-    return "\n".join([
-        (f"carried {plural(count, 'patch', 'patches')} to sglang {version}: {rel(root, dest)}/ "
-         f"(pin.toml with commit = \"\", carried.toml, range-diff.md){' (replaced)' if replaced else ''}; "
-         f"the pin stays at {pin.version}"),
-        f"tests: {tests} in {tests_s} s; bisect: {bisected} in {bisect_s} s",
-        f"range-diff: {rd.summary()} ({rel(root, dest)}/range-diff.md, a PR description)",
-        f"CHANGELOG.md: {how} the [Unreleased] entry for {version}, with the reasons",
-        f"work on it: nox -s apply -- --upstream {version}   (tree: {carry.where})",
-        *([] if state.release.older else
-          [f"once {version}'s upstream commit is known: nox -s rebase -- {version} --commit <sha>"]),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            (
+                f"carried {plural(count, 'patch', 'patches')} to sglang {version}: {rel(root, dest)}/ "
+                f'(pin.toml with commit = "", carried.toml, range-diff.md){" (replaced)" if replaced else ""}; '
+                f"the pin stays at {pin.version}"
+            ),
+            f"tests: {tests} in {tests_s} s; bisect: {bisected} in {bisect_s} s",
+            f"range-diff: {rd.summary()} ({rel(root, dest)}/range-diff.md, a PR description)",
+            f"CHANGELOG.md: {how} the [Unreleased] entry for {version}, with the reasons",
+            f"work on it: nox -s apply -- --upstream {version}   (tree: {carry.where})",
+            *(
+                []
+                if state.release.older
+                else [f"once {version}'s upstream commit is known: nox -s rebase -- {version} --commit <sha>"]
+            ),
+        ]
+    )
 
 
 def _move_pin(
-    carry: Carry, pin: Pin, exported: Exported, rd: rangediff.RangeDiff, dropped: dict[str, str], reasons: list[Reason]
+    carry: Carry,
+    pin: Pin,
+    exported: Exported,
+    rd: rangediff.RangeDiff,
+    dropped: dict[str, str],
+    reasons: list[Reason],
 ) -> str:
     root, repo, state = carry.root, carry.repo, carry.state
     release, new_base = state.release, state.bases.new_base
@@ -287,18 +337,23 @@ def _after_move(
     entry = (
         f"Moved the pin from sglang {old.version} to {new.version} (commit `{new.commit}`, tag {new.tag}, "
         f"PyPI wheel `{new.wheel.filename}`, sha256 `{new.wheel.sha256[:12]}…`) and carried the series "
-        f"({plural(count, 'patch', 'patches')}) onto it. Range-diff: {rd.summary()}." + dropped_text(dropped)
+        f"({plural(count, 'patch', 'patches')}) onto it. Range-diff: {rd.summary()}."
+        + dropped_text(dropped)
         + hand
     )
     add_changelog(root, entry)
-    return "\n".join([
-        f"pin moved to sglang {new.version} ({new.commit}); series/ holds the {plural(count, 'carried patch', 'carried patches')}",
-        f"range-diff: {rd.summary()} ({rel(root, out)})",
-        gitlink,
-        *([f"removed {rel(root, nxt)}/ (superseded: series/ is on {new.version})"] if superseded else []),
-        ("next: commit pin.toml, series/, CHANGELOG.md and the gitlink together; then `nox -s apply` "
-         f"puts {SUBMODULE_PATH}/ on {new.version}"),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"pin moved to sglang {new.version} ({new.commit}); series/ holds the {plural(count, 'carried patch', 'carried patches')}",
+            f"range-diff: {rd.summary()} ({rel(root, out)})",
+            gitlink,
+            *([f"removed {rel(root, nxt)}/ (superseded: series/ is on {new.version})"] if superseded else []),
+            (
+                "next: commit pin.toml, series/, CHANGELOG.md and the gitlink together; then `nox -s apply` "
+                f"puts {SUBMODULE_PATH}/ on {new.version}"
+            ),
+        ]
+    )
 
 
 def move_gitlink(root: Path, commit: str) -> str:
@@ -320,9 +375,8 @@ def carried_is_current(root: Path, pin: Pin, version: str) -> bool:
     if not t.pin_path.is_file():
         return False
     info = carried.load(t.series_dir)
-    return (
-        info.parent.get("sha256") == pin.wheel.sha256
-        and info.from_series == series.series_hash(root / "series")
+    return info.parent.get("sha256") == pin.wheel.sha256 and info.from_series == series.series_hash(
+        root / "series"
     )
 
 
@@ -332,7 +386,8 @@ def promote(root: Path, pin: Pin, release: Release) -> Outcome:
     report = patches.check(t)
     if report.problems:
         raise ToolError(
-            f"{rel(root, t.series_dir)} no longer applies or exports cleanly:\n  " + "\n  ".join(report.problems)
+            f"{rel(root, t.series_dir)} no longer applies or exports cleanly:\n  "
+            + "\n  ".join(report.problems)
         )
     rd, _ = rangediff.series_range_diff(root, release.version)
     reasons = carried.load(t.series_dir).resolutions
@@ -407,7 +462,9 @@ def add_changelog(root: Path, entry: str, key: str | None = None) -> str:
             j = i + 1
             while j < end and lines[j].startswith("  "):
                 j += 1
-            if key in " ".join(part.strip() for part in lines[i:j]) and lines[i].startswith("- Carried the series"):
+            if key in " ".join(part.strip() for part in lines[i:j]) and lines[i].startswith(
+                "- Carried the series"
+            ):
                 lines[i:j] = bullet
                 path.write_text("\n".join(lines))
                 return "replaced"

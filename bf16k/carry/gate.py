@@ -48,7 +48,9 @@ def series_gate(carry: Carry) -> Outcome | None:
     state.failing = []
     began = time.monotonic()
     print(f"bisect: each of the {len(commits)} carried prefixes on its own ...", flush=True)
-    steps = bisect.check_commits(carry.repo, state.bases.new_base, commits, names, python, skip_last_tests=True)
+    steps = bisect.check_commits(
+        carry.repo, state.bases.new_base, commits, names, python, skip_last_tests=True
+    )
     bad = [s for s in steps if s.problems]
     if bad:
         return _bisect_stop(carry, python, bad[0], commits, names)
@@ -65,7 +67,9 @@ def _stop(carry: Carry, kind: str, summary: str) -> None:
 
 
 def _carried_commits(carry: Carry) -> tuple[list[str], list[str]]:
-    commits = gitutil.out(["rev-list", "--reverse", f"{carry.state.bases.new_base}..HEAD"], carry.repo).split()
+    commits = gitutil.out(
+        ["rev-list", "--reverse", f"{carry.state.bases.new_base}..HEAD"], carry.repo
+    ).split()
     return commits, [rangediff.patch_name(carry.repo, c) for c in commits]
 
 
@@ -79,7 +83,11 @@ def owners(repo: Path, commits: list[str], names: list[str]) -> Owners:
 
 
 def _tests_stop(
-    carry: Carry, python: seriestests.TestPython, result: seriestests.TestRun, commits: list[str], names: list[str]
+    carry: Carry,
+    python: seriestests.TestPython,
+    result: seriestests.TestRun,
+    commits: list[str],
+    names: list[str],
 ) -> Outcome:
     owner = owners(carry.repo, commits, names)
     carry.state.failing = [f.nodeid for f in result.failures]

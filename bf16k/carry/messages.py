@@ -50,7 +50,7 @@ def continue_lines(hunks: list[Hunk], what: str) -> list[str]:
     """The `--continue` command with one `-m` per hunk to fill in."""
     template = reasonsmod.template(hunks)
     if not template:
-        return [f"  2. nox -s rebase -- --continue -m \"<why>\"    ({what})"]
+        return [f'  2. nox -s rebase -- --continue -m "<why>"    ({what})']
     lines = ["  2. say why, one line per hunk, and go on:", "     nox -s rebase -- --continue \\"]
     lines += [f"       {m} \\" for m in template[:-1]] + [f"       {template[-1]}"]
     lines.append(f"     ({what}; a path may be shortened to its file name)")
@@ -139,10 +139,16 @@ def _conflict_context_lines(carry: Carry, hunks: list[Hunk]) -> list[str]:
     return [
         "  " + line
         for line in context.for_conflicts(
-            carry.repo, bases.old_base, bases.new_base, hunks, version=_versions(carry), repo_label=carry.where,
-            old_ref=OLD_BASE_REF, new_ref=NEW_BASE_REF,
+            carry.repo,
+            bases.old_base,
+            bases.new_base,
+            hunks,
+            version=_versions(carry),
+            repo_label=carry.where,
+            old_ref=OLD_BASE_REF,
+            new_ref=NEW_BASE_REF,
         )
-    ]  # fmt: skip
+    ]
 
 
 def _earlier_reasons_lines(carry: Carry, patch: str, hunks: list[Hunk]) -> list[str]:
@@ -179,8 +185,9 @@ def no_python(carry: Carry, why: str) -> str:
 def _rerun_command(where: str, python: seriestests.TestPython, nodeids: list[str]) -> str:
     env = "PYTHONPATH=python" + ("" if python.cuda else " TRITON_INTERPRET=1")
     picked = nodeids[:4] if len(nodeids) <= 4 else sorted({n.split("::", 1)[0] for n in nodeids})
-    return (f"cd {where} && {env} {python.path} -m pytest -q -p no:cacheprovider -c /dev/null "
-            + " ".join(shlex.quote(n) for n in picked))  # fmt: skip
+    return f"cd {where} && {env} {python.path} -m pytest -q -p no:cacheprovider -c /dev/null " + " ".join(
+        shlex.quote(n) for n in picked
+    )
 
 
 Owners = dict[str, tuple[int, str]]  # file -> (index, patch) of the first carried patch touching it
@@ -201,10 +208,17 @@ def _failure_lines(
     lines += [
         "  " + line
         for line in context.for_tests(
-            carry.repo, bases.old_base, bases.new_base, calls, version=_versions(carry), repo_label=carry.where,
-            old_ref=OLD_BASE_REF, new_ref=NEW_BASE_REF, hint="\n".join(f.text for f in failures),
+            carry.repo,
+            bases.old_base,
+            bases.new_base,
+            calls,
+            version=_versions(carry),
+            repo_label=carry.where,
+            old_ref=OLD_BASE_REF,
+            new_ref=NEW_BASE_REF,
+            hint="\n".join(f.text for f in failures),
         )
-    ]  # fmt: skip
+    ]
     return lines
 
 
@@ -221,10 +235,14 @@ def _fix_lines(where: str, python: seriestests.TestPython, nodeids: list[str]) -
     ]
 
 
-def tests_failed(carry: Carry, python: seriestests.TestPython, result: seriestests.TestRun, owner: Owners) -> str:
+def tests_failed(
+    carry: Carry, python: seriestests.TestPython, result: seriestests.TestRun, owner: Owners
+) -> str:
     lines = [
-        (f"carry to sglang {carry.state.version} stopped: the series' tests fail on the carried tree "
-         f"({result.summary()})"),
+        (
+            f"carry to sglang {carry.state.version} stopped: the series' tests fail on the carried tree "
+            f"({result.summary()})"
+        ),
         f"  upstream: {carry.state.source_detail}",
     ]
     if result.failures:
@@ -240,10 +258,12 @@ def prefix_failed(
 ) -> str:
     """A prefix of the carried series does not work on its own (``rerun``: the tests to run again)."""
     lines = [
-        (f"carry to sglang {carry.state.version} stopped: with patches 1..{step.index + 1} only, the tree does not "
-        f"work (patch {step.index + 1} '{step.name}'); the whole series passes its tests, so a later patch hides "
-        "it."),
-    ]  # fmt: skip
+        (
+            f"carry to sglang {carry.state.version} stopped: with patches 1..{step.index + 1} only, the tree does not "
+            f"work (patch {step.index + 1} '{step.name}'); the whole series passes its tests, so a later patch hides "
+            "it."
+        ),
+    ]
     if step.failures:
         lines += _failure_lines(carry, python, step.failures, owner)
     else:

@@ -92,9 +92,12 @@ def release_wheel(version: str, like: Pin, wheel_file: Path | None = None) -> Pa
 def release_pin(like: Pin, rel: Release, wheel: Path, base_commit: str = "") -> Pin:
     """A pin record for the target release (commit only when known)."""
     return Pin(
-        rel.version, rel.tag, rel.commit, like.repository,
+        rel.version,
+        rel.tag,
+        rel.commit,
+        like.repository,
         WheelPin(wheel.name, upstream.sha256_file(wheel), base_commit),
-    )  # fmt: skip
+    )
 
 
 def wheel_has_dsv4(wheel: Path) -> bool:

@@ -90,10 +90,21 @@ class ReplayPlan:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        pending = None if self.pending is None else {**asdict(self.pending), "author": list(self.pending.author)}
-        return {"count": self.count, "O": self.then, "C": self.carried, "N": self.now, "from": self.source,
-                "I_prev": self.merged_tree, "T_prev": self.committed_tree, "index": self.index,
-                "pending": pending, "notes": self.notes}  # fmt: skip
+        pending = (
+            None if self.pending is None else {**asdict(self.pending), "author": list(self.pending.author)}
+        )
+        return {
+            "count": self.count,
+            "O": self.then,
+            "C": self.carried,
+            "N": self.now,
+            "from": self.source,
+            "I_prev": self.merged_tree,
+            "T_prev": self.committed_tree,
+            "index": self.index,
+            "pending": pending,
+            "notes": self.notes,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayPlan:
@@ -101,9 +112,21 @@ class ReplayPlan:
         pending = None
         if p:
             name, email, date = (str(x) for x in p["author"])
-            pending = PendingReplay(str(p["tree"]), str(p["message"]), (name, email, date), list(p["conflicts"]))
-        return cls(int(data["count"]), list(data["O"]), list(data["C"]), list(data["N"]), str(data["from"]),
-                   str(data["I_prev"]), str(data["T_prev"]), int(data["index"]), pending, list(data["notes"]))  # fmt: skip
+            pending = PendingReplay(
+                str(p["tree"]), str(p["message"]), (name, email, date), list(p["conflicts"])
+            )
+        return cls(
+            int(data["count"]),
+            list(data["O"]),
+            list(data["C"]),
+            list(data["N"]),
+            str(data["from"]),
+            str(data["I_prev"]),
+            str(data["T_prev"]),
+            int(data["index"]),
+            pending,
+            list(data["notes"]),
+        )
 
 
 @dataclass
@@ -116,8 +139,12 @@ class StopRecord:
     hunks: list[Hunk] = field(default_factory=list)  # the hunks a reason is asked for
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "summary": self.summary, "tip": self.tip,
-                "hunks": [{"path": h.path, "scope": h.scope, "line": h.line} for h in self.hunks]}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "summary": self.summary,
+            "tip": self.tip,
+            "hunks": [{"path": h.path, "scope": h.scope, "line": h.line} for h in self.hunks],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StopRecord:
@@ -156,42 +183,75 @@ class CarryState:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            **asdict(self.prior), **asdict(self.bases), **asdict(self.release),
-            "wheel": self.wheel, "source_detail": self.source_detail, "old_version": self.old_version,
-            "names": self.names, "old_series_hash": self.old_series_hash, "from_blobs": self.from_blobs,
-            "prev_reasons": [r.as_dict() for r in self.prev_reasons], "prev_patches": self.prev_patches,
-            "phase": self.phase.value, "replay": self.replay.to_json() if self.replay else None,
-            "am_offset": self.am_offset, "dropped": self.dropped, "reasons": [r.as_dict() for r in self.reasons],
-            "python": self.python, "queue": self.queue, "stop": self.stop.to_json() if self.stop else None,
-            "failing": self.failing, "started": self.started,
-        }  # fmt: skip
+            **asdict(self.prior),
+            **asdict(self.bases),
+            **asdict(self.release),
+            "wheel": self.wheel,
+            "source_detail": self.source_detail,
+            "old_version": self.old_version,
+            "names": self.names,
+            "old_series_hash": self.old_series_hash,
+            "from_blobs": self.from_blobs,
+            "prev_reasons": [r.as_dict() for r in self.prev_reasons],
+            "prev_patches": self.prev_patches,
+            "phase": self.phase.value,
+            "replay": self.replay.to_json() if self.replay else None,
+            "am_offset": self.am_offset,
+            "dropped": self.dropped,
+            "reasons": [r.as_dict() for r in self.reasons],
+            "python": self.python,
+            "queue": self.queue,
+            "stop": self.stop.to_json() if self.stop else None,
+            "failing": self.failing,
+            "started": self.started,
+        }
         if self.verified is not None:
             data["verified"] = asdict(self.verified)
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CarryState:
-        release = Release(str(data["version"]), str(data["tag"]), str(data["kind"]), str(data["ref"]),
-                          str(data["commit"]), bool(data.get("older", False)))  # fmt: skip
-        prior = PriorTree(bool(data.get("created", False)), str(data.get("pre_head", "")),
-                          str(data.get("pre_base_ref", "")), dict(data.get("pre_state") or {}),
-                          list(data.get("notes", [])))  # fmt: skip
+        release = Release(
+            str(data["version"]),
+            str(data["tag"]),
+            str(data["kind"]),
+            str(data["ref"]),
+            str(data["commit"]),
+            bool(data.get("older", False)),
+        )
+        prior = PriorTree(
+            bool(data.get("created", False)),
+            str(data.get("pre_head", "")),
+            str(data.get("pre_base_ref", "")),
+            dict(data.get("pre_state") or {}),
+            list(data.get("notes", [])),
+        )
         bases = Bases(str(data["old_base"]), str(data["new_base"]), str(data.get("old_tip", "")))
         v = data.get("verified")
         return cls(
-            release, prior, bases, str(data["wheel"]), str(data["source_detail"]), str(data["old_version"]),
-            list(data["names"]), str(data["old_series_hash"]), dict(data["from_blobs"]),
+            release,
+            prior,
+            bases,
+            str(data["wheel"]),
+            str(data["source_detail"]),
+            str(data["old_version"]),
+            list(data["names"]),
+            str(data["old_series_hash"]),
+            dict(data["from_blobs"]),
             prev_reasons=[Reason(**r) for r in data.get("prev_reasons", [])],
             prev_patches=dict(data.get("prev_patches") or {}),
             phase=Phase(data.get("phase", Phase.AM.value)),
             replay=ReplayPlan.from_json(data["replay"]) if data.get("replay") else None,
-            am_offset=int(data.get("am_offset", 0)), dropped=dict(data.get("dropped", {})),
-            reasons=[Reason(**r) for r in data.get("reasons", [])], python=data.get("python"),
+            am_offset=int(data.get("am_offset", 0)),
+            dropped=dict(data.get("dropped", {})),
+            reasons=[Reason(**r) for r in data.get("reasons", [])],
+            python=data.get("python"),
             queue=list(data.get("queue") or []),
             stop=StopRecord.from_json(data["stop"]) if data.get("stop") else None,
-            failing=list(data.get("failing") or []), verified=Verified(**v) if v else None,
+            failing=list(data.get("failing") or []),
+            verified=Verified(**v) if v else None,
             started=float(data.get("started", 0.0)),
-        )  # fmt: skip
+        )
 
     @classmethod
     def load(cls, repo: Path) -> CarryState:

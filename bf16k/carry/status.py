@@ -22,8 +22,10 @@ def in_progress_lines(root: Path) -> list[str]:
     where = (state.stop.summary if state.stop else "") or f"phase {state.phase.value}"
     lines = [
         f"carry: to sglang {state.version} in progress in {rel(root, repo)}, stopped: {where}",
-        ("  next: resolve, then `nox -s rebase -- --continue -m \"<file> (<scope>): <why>\"`; "
-        "or `nox -s rebase -- --abort`"),
+        (
+            '  next: resolve, then `nox -s rebase -- --continue -m "<file> (<scope>): <why>"`; '
+            "or `nox -s rebase -- --abort`"
+        ),
     ]
     if state.queue:
         lines.append(f"  then re-carries: {', '.join(state.queue)}")
@@ -41,8 +43,10 @@ def carried_lines(root: Path) -> list[str]:
         d = nxt / v
         info = carried.load(d)
         names = series.read_order(d)
-        state = "carried from today's series/" if info.from_series == current else (
-            "series/ changed since: re-carry with `nox -s rebase -- --recarry`"
+        state = (
+            "carried from today's series/"
+            if info.from_series == current
+            else ("series/ changed since: re-carry with `nox -s rebase -- --recarry`")
         )
         checked = f"; tests {info.verified.tests}" if info.verified.tests else ""
         n = len(names)

@@ -56,9 +56,10 @@ def upstream_patch(data: bytes) -> bytes:
     block_lines = block.split(b"\n")
     if all(series.TRAILER.match(line.decode("utf-8", errors="replace")) for line in block_lines):
         block_lines = [
-            line for line in block_lines
+            line
+            for line in block_lines
             if not any(line.startswith(f"{t}:".encode()) for t in SERIES_ONLY_TRAILERS)
-        ]  # fmt: skip
+        ]
     body = (prose + b"\n".join(block_lines)).rstrip(b"\n") + b"\n"
     return header + sep + body + diff
 

@@ -39,7 +39,9 @@ def _header_table(rows: list[tuple[str, str]]) -> list[str]:
 
 
 def _is_testing(paragraph: str) -> bool:
-    return bool(re.match(r"^(tested|testing|tests?\b|how (it|this) was tested)", paragraph.strip(), re.IGNORECASE))
+    return bool(
+        re.match(r"^(tested|testing|tests?\b|how (it|this) was tested)", paragraph.strip(), re.IGNORECASE)
+    )
 
 
 def paragraphs(info: series.PatchInfo) -> list[str]:
@@ -71,8 +73,10 @@ class Context:
 
 
 def _lines_added(stats: list[FileStat]) -> tuple[int, int]:
-    return (sum(int(s.added) for s in stats if s.added.isdigit()),
-            sum(int(s.deleted) for s in stats if s.deleted.isdigit()))  # fmt: skip
+    return (
+        sum(int(s.added) for s in stats if s.added.isdigit()),
+        sum(int(s.deleted) for s in stats if s.deleted.isdigit()),
+    )
 
 
 def motivation(ctx: Context, pr: prs.PR) -> list[str]:
@@ -195,16 +199,22 @@ def checklist(ctx: Context, pr: prs.PR) -> list[str]:
     state = ctx.states.get(pr.id)
     tests = state.tests if state else []
     registered = [t for t in tests if t.how.startswith("added") and not t.problems]
-    measured = [k for k in pr.evidence if k != "cost" and previdence.NOT_MEASURED not in ctx.evidence.get(k, "")]
+    measured = [
+        k for k in pr.evidence if k != "cost" and previdence.NOT_MEASURED not in ctx.evidence.get(k, "")
+    ]
     problems = [t for t in tests if t.problems]
     test_note = _say("checklist-tests", count=len(registered)) if registered else _say("checklist-tests-none")
     if problems:
         test_note += _say("checklist-tests-problems", count=len(problems))
-    native = any(s.path.endswith((".cu", ".cuh", ".h", ".cpp", ".cc")) for name in pr.patches
-                 for s in ctx.patches[name].stats)  # fmt: skip
+    native = any(
+        s.path.endswith((".cu", ".cuh", ".h", ".cpp", ".cc"))
+        for name in pr.patches
+        for s in ctx.patches[name].stats
+    )
     fmt = state.format if state and state.format else _say("checklist-format-not-checked")
     return [
-        f"- [ ] {CHECK_FORMAT} " + _say("checklist-format-native" if native else "checklist-format", format=fmt),
+        f"- [ ] {CHECK_FORMAT} "
+        + _say("checklist-format-native" if native else "checklist-format", format=fmt),
         f"- [{'x' if registered else ' '}] {CHECK_TESTS} {test_note}.",
         f"- [ ] {CHECK_DOCS} " + _say("checklist-docs" if pr.docs else "checklist-docs-none"),
         f"- [{'x' if measured else ' '}] {CHECK_BENCH} "
@@ -217,9 +227,14 @@ def render_draft(ctx: Context, pr: prs.PR) -> str:
     n = len(ctx.prmap.prs)
     i = ctx.index(pr)
     below = ctx.prmap.prs[: i - 1]
-    base = f"SGLang {ctx.pin.version}" + (" + " + ", ".join(f"PR ({p.id}) {p.title}" for p in below) if below else "")
-    meta = [("part", f"{i} of {n} of the bf16 index-K set for DeepSeek-V4"), ("base", base),
-            ("commits", ", ".join(f"`{ctx.patches[name].info.subject}`" for name in pr.patches))]  # fmt: skip
+    base = f"SGLang {ctx.pin.version}" + (
+        " + " + ", ".join(f"PR ({p.id}) {p.title}" for p in below) if below else ""
+    )
+    meta = [
+        ("part", f"{i} of {n} of the bf16 index-K set for DeepSeek-V4"),
+        ("base", base),
+        ("commits", ", ".join(f"`{ctx.patches[name].info.subject}`" for name in pr.patches)),
+    ]
     fwd = sorted({ctx.patches[name].info.trailers.get("Forwarded", "no") for name in pr.patches})
     if any(f.startswith("https://") for f in fwd):
         meta.append(("opened as", ", ".join(f for f in fwd if f.startswith("https://"))))
@@ -236,25 +251,50 @@ def render_draft(ctx: Context, pr: prs.PR) -> str:
 
 def render_cover(ctx: Context) -> str:
     n = len(ctx.prmap.prs)
-    meta = [("drafted against", ctx.chosen),
-            ("series", f"{len(ctx.patches)} patches, hash `{ctx.shash[:12]}`: {n} PRs, {len(ctx.prmap.local)} local only"),
-            ("upstream commit", f"`{ctx.pin.commit}`" if ctx.pin.commit else "not recorded for this release (wheel-built base)")]  # fmt: skip
-    out = [f"# bf16 index keys for DeepSeek-V4's C4 indexer: the upstream PR set ({n} PRs)", "",
-           *_header_table(meta), ""]  # fmt: skip
+    meta = [
+        ("drafted against", ctx.chosen),
+        (
+            "series",
+            f"{len(ctx.patches)} patches, hash `{ctx.shash[:12]}`: {n} PRs, {len(ctx.prmap.local)} local only",
+        ),
+        (
+            "upstream commit",
+            f"`{ctx.pin.commit}`" if ctx.pin.commit else "not recorded for this release (wheel-built base)",
+        ),
+    ]
+    out = [
+        f"# bf16 index keys for DeepSeek-V4's C4 indexer: the upstream PR set ({n} PRs)",
+        "",
+        *_header_table(meta),
+        "",
+    ]
     out += ["## The PRs", "", _say("cover-order"), ""]
-    out += ["| PR | title | patches, in order | base | files | lines | Forwarded |", "|---|---|---|---|---|---|---|"]
+    out += [
+        "| PR | title | patches, in order | base | files | lines | Forwarded |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for pr in ctx.prmap.prs:
         stats = [s for name in pr.patches for s in ctx.patches[name].stats]
         added, deleted = _lines_added(stats)
         below = ctx.prmap.prs[: ctx.index(pr) - 1]
         base = "upstream" + "".join(f" + {p.id}" for p in below)
-        fwd = ", ".join(sorted({ctx.patches[name].info.trailers.get("Forwarded", "?") for name in pr.patches}))
-        out.append(f"| ({pr.id}) | [{pr.title}]({ctx.draft_file(pr)}) | {'<br>'.join(f'`{p}`' for p in pr.patches)} | "
-                   f"{base} | {len(stats)} | +{added} -{deleted} | {fwd} |")
+        fwd = ", ".join(
+            sorted({ctx.patches[name].info.trailers.get("Forwarded", "?") for name in pr.patches})
+        )
+        out.append(
+            f"| ({pr.id}) | [{pr.title}]({ctx.draft_file(pr)}) | {'<br>'.join(f'`{p}`' for p in pr.patches)} | "
+            f"{base} | {len(stats)} | +{added} -{deleted} | {fwd} |"
+        )
     out.append("")
     for pr in ctx.prmap.prs:
         out += [f"- ({pr.id}) {pr.context}"] + [f"  - {note}" for note in pr.notes]
-    out += ["", "## Local only (Forwarded: not-needed)", "", "| patch | why it stays in the series |", "|---|---|"]
+    out += [
+        "",
+        "## Local only (Forwarded: not-needed)",
+        "",
+        "| patch | why it stays in the series |",
+        "|---|---|",
+    ]
     out += [f"| `{loc.patch}` | {loc.why} |" for loc in ctx.prmap.local]
     out += ["", "## The git am check, per PR on its own base", ""]
     out += ["| release | PR | git am | its tests |", "|---|---|---|---|"]
@@ -263,12 +303,22 @@ def render_cover(ctx: Context) -> str:
             out.append(f"| {rc.label} | all | not checked: {'; '.join(rc.why_not)} | |")
             continue
         for c in rc.prs:
-            tests = ("not run: it does not apply" if not c.applies else "not run (`--check` runs them)"
-                     if c.run is None else "no test files of its own" if c.run.absent else c.run.summary())
-            out.append(f"| {rc.label} | ({c.pr}) | {'applies on ' + c.base if c.applies else 'FAILS: ' + c.detail} | {tests} |")
-        for pr in ctx.prmap.prs[len(rc.prs):]:
+            tests = (
+                "not run: it does not apply"
+                if not c.applies
+                else "not run (`--check` runs them)"
+                if c.run is None
+                else "no test files of its own"
+                if c.run.absent
+                else c.run.summary()
+            )
+            out.append(
+                f"| {rc.label} | ({c.pr}) | {'applies on ' + c.base if c.applies else 'FAILS: ' + c.detail} | {tests} |"
+            )
+        for pr in ctx.prmap.prs[len(rc.prs) :]:
             out.append(f"| {rc.label} | ({pr.id}) | not tried (an earlier PR did not apply) | |")
-    out += ["", "## Applying", "", _say("cover-applying"), "",
-            "```bash"] + [f"git am -3 --keep-non-patch patches/{pr.id}/*.patch   # ({pr.id})" for pr in ctx.prmap.prs]
+    out += ["", "## Applying", "", _say("cover-applying"), "", "```bash"] + [
+        f"git am -3 --keep-non-patch patches/{pr.id}/*.patch   # ({pr.id})" for pr in ctx.prmap.prs
+    ]
     out += ["```", ""]
     return "\n".join(out)

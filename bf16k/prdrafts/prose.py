@@ -45,8 +45,10 @@ def sections(name: str) -> dict[str, str]:
             found[key] = []
         elif key:
             found[key].append(line)
-    return {k: "\n\n".join(unwrap(p.strip("\n")) for p in "\n".join(body).split("\n\n") if p.strip())
-            for k, body in found.items()}  # fmt: skip
+    return {
+        k: "\n\n".join(unwrap(p.strip("\n")) for p in "\n".join(body).split("\n\n") if p.strip())
+        for k, body in found.items()
+    }
 
 
 def text(name: str, key: str, **values: object) -> str:
@@ -58,8 +60,14 @@ def text(name: str, key: str, **values: object) -> str:
 
 # SGLang's .github/pull_request_template.md (2026): its sections and checklist, in order. The
 # drafts add one section of their own ("Evidence this PR still needs") before the checklist.
-HEADINGS = ("Motivation", "Modifications", "Accuracy Tests", "Speed Tests and Profiling", "Checklist",
-            "Review and Merge Process")  # fmt: skip
+HEADINGS = (
+    "Motivation",
+    "Modifications",
+    "Accuracy Tests",
+    "Speed Tests and Profiling",
+    "Checklist",
+    "Review and Merge Process",
+)
 STILL_NEEDS = "Evidence this PR still needs"
 CHECK_FORMAT = text("pr-template", "check-format")
 CHECK_TESTS = text("pr-template", "check-tests")
@@ -88,8 +96,13 @@ def _link(item: tuple[str, str]) -> str:
 def bf16_motivation(precision: str) -> str:
     """The set's one motivation (``precision``: fp8's own measured loss, from the recall artifact)."""
     collapses = ", ".join(_link(c) for c in PUBLIC_COLLAPSES)
-    return text("motivation", "motivation", precision=precision, collapses=collapses,
-                open_on_sm120=_link(OPEN_ON_SM120))  # fmt: skip
+    return text(
+        "motivation",
+        "motivation",
+        precision=precision,
+        collapses=collapses,
+        open_on_sm120=_link(OPEN_ON_SM120),
+    )
 
 
 # --------------------------------------------------------------------------- commands for what is still needed
@@ -103,8 +116,10 @@ OPTION = "--deepseek-v4-indexer-k-dtype"
 def _servers(ab: bool, extra: str = "") -> list[str]:
     """Launch lines: fp8 (default) and bf16 for an A/B, or the fp8 default before/after the PR."""
     if ab:
-        return [f"{SERVE}{extra} --port {FP8_PORT}                                 # fp8 (default)",
-                f"{SERVE}{extra} {OPTION} bf16 --port {BF16_PORT}   # bf16"]  # fmt: skip
+        return [
+            f"{SERVE}{extra} --port {FP8_PORT}                                 # fp8 (default)",
+            f"{SERVE}{extra} {OPTION} bf16 --port {BF16_PORT}   # bf16",
+        ]
     return [f"{SERVE}{extra} --port {FP8_PORT}   # upstream main, then again with this PR applied"]
 
 
@@ -125,30 +140,42 @@ def needed_runs(need: str, ab: bool) -> tuple[str, list[str]]:
         ]
     if need == "gsm8k":
         return _what(need, ab), [*_servers(ab)] + [
-            f"python3 -m sglang.test.few_shot_gsm8k --num-questions 1319 --parallel 256 --port {p}" for p in ports
+            f"python3 -m sglang.test.few_shot_gsm8k --num-questions 1319 --parallel 256 --port {p}"
+            for p in ports
         ]
     if need == "gpqa":
         return _what(need, ab), [
-            "pip install sgl-eval", "export SGLANG_DEFAULT_THINKING=1 SGLANG_REASONING_EFFORT=max   # server side",
+            "pip install sgl-eval",
+            "export SGLANG_DEFAULT_THINKING=1 SGLANG_REASONING_EFFORT=max   # server side",
             *_servers(ab),
-        ] + [f"sgl-eval run gpqa --model {MODEL} --api-key EMPTY --n-repeats 8 --temperature 1.0 --top-p 1.0 "
-             f"--thinking --base-url http://127.0.0.1:{p}/v1 --out-dir gpqa-{p}" for p in ports]  # fmt: skip
+        ] + [
+            f"sgl-eval run gpqa --model {MODEL} --api-key EMPTY --n-repeats 8 --temperature 1.0 --top-p 1.0 "
+            f"--thinking --base-url http://127.0.0.1:{p}/v1 --out-dir gpqa-{p}"
+            for p in ports
+        ]
     if need == "long-context-recall":
         return _what(need, ab), [
-            *_servers(ab), "pip install '.[live]'   # in the series' repository",
-            (f"python -m verify.live --server http://127.0.0.1:{BF16_PORT} --baseline http://127.0.0.1:{FP8_PORT} "
-             "--expect-format bf16 --baseline-expect-format fp8 --out live-v4-flash"),
-        ]  # fmt: skip
+            *_servers(ab),
+            "pip install '.[live]'   # in the series' repository",
+            (
+                f"python -m verify.live --server http://127.0.0.1:{BF16_PORT} --baseline http://127.0.0.1:{FP8_PORT} "
+                "--expect-format bf16 --baseline-expect-format fp8 --out live-v4-flash"
+            ),
+        ]
     if need == "bench-serving":
-        bench = ("python3 -m sglang.bench_serving --backend sglang --port {p} --dataset-name random "
-                 "--random-input-len $len --random-output-len 512 --random-range-ratio 1 --num-prompts 64 "
-                 "--max-concurrency 8 --output-file bench-{p}-$len.jsonl")  # fmt: skip
+        bench = (
+            "python3 -m sglang.bench_serving --backend sglang --port {p} --dataset-name random "
+            "--random-input-len $len --random-output-len 512 --random-range-ratio 1 --num-prompts 64 "
+            "--max-concurrency 8 --output-file bench-{p}-$len.jsonl"
+        )
         return _what(need, ab), [*_servers(ab)] + [
             f"for len in 8192 32768 131072; do {bench.format(p=p)}; done" for p in ports
         ]
     if need == "pool-tokens":
-        info = ("curl -s http://127.0.0.1:{p}/server_info | python3 -c \"import json, sys; "
-                "print([s['max_total_num_tokens'] for s in json.load(sys.stdin)['internal_states']])\"")
+        info = (
+            'curl -s http://127.0.0.1:{p}/server_info | python3 -c "import json, sys; '
+            "print([s['max_total_num_tokens'] for s in json.load(sys.stdin)['internal_states']])\""
+        )
         return _what(need, ab), [*_servers(ab)] + [info.format(p=p) for p in ports]
     if need == "mtp":
         mtp = " --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
@@ -156,13 +183,18 @@ def needed_runs(need: str, ab: bool) -> tuple[str, list[str]]:
             f"python3 -m sglang.bench_serving --backend sglang --port {p} --dataset-name random --random-input-len "
             "32768 --random-output-len 512 --num-prompts 64 --max-concurrency 8   # prints 'Accept length'"
             for p in ports
-        ] + [f"curl -s http://127.0.0.1:{p}/server_info | grep -o '\"avg_spec_accept_length\": [0-9.]*'" for p in ports]
+        ] + [
+            f"curl -s http://127.0.0.1:{p}/server_info | grep -o '\"avg_spec_accept_length\": [0-9.]*'"
+            for p in ports
+        ]
     if need == "sm120":
         return _what(need, ab), [
             "# the commands above, on sm_120 GPUs; the PD pair for the bf16 side:",
             f"{SERVE} --disaggregation-mode prefill --disaggregation-ib-device $IB --port 30010 {OPTION} bf16",
             f"{SERVE} --disaggregation-mode decode --disaggregation-ib-device $IB --port 30011 {OPTION} bf16",
-            ("python3 -m sglang_router.launch_router --pd-disaggregation --prefill http://127.0.0.1:30010 "
-             "--decode http://127.0.0.1:30011 --port 30001"),
-        ]  # fmt: skip
+            (
+                "python3 -m sglang_router.launch_router --pd-disaggregation --prefill http://127.0.0.1:30010 "
+                "--decode http://127.0.0.1:30011 --port 30001"
+            ),
+        ]
     raise ToolError(f"no commands for needed run {need!r}")

@@ -38,7 +38,9 @@ def _arg_fields(text: str) -> dict[str, dict[str, object]]:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
         ann = node.annotation
-        if not (isinstance(ann, ast.Subscript) and isinstance(ann.slice, ast.Tuple) and len(ann.slice.elts) >= 2):
+        if not (
+            isinstance(ann, ast.Subscript) and isinstance(ann.slice, ast.Tuple) and len(ann.slice.elts) >= 2
+        ):
             continue
         typ, meta = ann.slice.elts[0], ann.slice.elts[1]
         info: dict[str, object] = {"type": ast.unparse(typ)}
@@ -61,9 +63,13 @@ def _arg_fields(text: str) -> dict[str, dict[str, object]]:
 
 def docs_row(flag: str, info: dict[str, object]) -> str:
     """A row of docs/advanced_features/server_arguments.md: | Argument | Description | Defaults | Options |."""
-    help_text = re.sub(r"(--[a-z0-9-]+(?: [a-z0-9]+)?)", lambda m: f"`{m.group(1)}`", str(info.get("help", "")))
+    help_text = re.sub(
+        r"(--[a-z0-9-]+(?: [a-z0-9]+)?)", lambda m: f"`{m.group(1)}`", str(info.get("help", ""))
+    )
     help_text = help_text.replace("|", "\\|")
-    default = info.get("fallback") if info.get("default") is None and info.get("fallback") else info.get("default")
+    default = (
+        info.get("fallback") if info.get("default") is None and info.get("fallback") else info.get("default")
+    )
     choices = info.get("choices")
     if isinstance(choices, list):
         options = ", ".join(f"`{c}`" for c in choices)
@@ -106,8 +112,14 @@ def read_tests(tree: Path, series_dir: Path, pr: prs.PR, ci: ModuleType | None) 
 
 def format_result(tree: Path, t: Target, pr: prs.PR) -> str:
     """What ruff (upstream's format and isort settings) says about the PR's Python files in ``tree``."""
-    files = sorted({f for name in pr.patches for f in series.parse_patch(t.series_dir / name).files
-                    if f.endswith(".py") and (tree / f).is_file()})  # fmt: skip
+    files = sorted(
+        {
+            f
+            for name in pr.patches
+            for f in series.parse_patch(t.series_dir / name).files
+            if f.endswith(".py") and (tree / f).is_file()
+        }
+    )
     ruff = upstreamlint.ruff_if_any(t.root)
     if not files:
         return "no Python files"
@@ -128,19 +140,30 @@ class PRState:
 
     tests: list[TestFile] = field(default_factory=list)
     docs: list[DocsRow] = field(default_factory=list)
-    format: str = ""  # ruff format / isort (upstream's settings) over the PR's Python files, or why not checked
+    format: str = (
+        ""  # ruff format / isort (upstream's settings) over the PR's Python files, or why not checked
+    )
 
 
 def check_release(
-    t: Target, prmap: prs.PRMap, patch_dirs: dict[str, Path], label: str, python: seriestests.TestPython | None,
-    states: dict[str, PRState] | None = None, up: upstream.Upstream | None = None,
+    t: Target,
+    prmap: prs.PRMap,
+    patch_dirs: dict[str, Path],
+    label: str,
+    python: seriestests.TestPython | None,
+    states: dict[str, PRState] | None = None,
+    up: upstream.Upstream | None = None,
 ) -> prs.ReleaseCheck:
     """`git am` each PR on its base in a scratch clone of ``t``'s upstream (``up``, else the base
     `apply` recorded); run its tests with ``python``."""
     rc = prs.ReleaseCheck(label, checked=True)
     try:
         with prs.base_clone(t, up) as (scratch, base):
-            ci = upstreamlint.load_ci_register(scratch) if (scratch / upstreamlint.CI_REGISTER).is_file() else None
+            ci = (
+                upstreamlint.load_ci_register(scratch)
+                if (scratch / upstreamlint.CI_REGISTER).is_file()
+                else None
+            )
             base_note = f"`{base.base[:12]}` ({base.source})"
 
             def on_applied(pr: prs.PR, check: prs.PRCheck) -> None:
@@ -149,13 +172,18 @@ def check_release(
                 check.below = [p.id for p in below]
                 check.tests = prs.pr_test_files(t.series_dir, pr)
                 if states is not None:
-                    states[pr.id] = PRState(read_tests(scratch, t.series_dir, pr, ci),
-                                            read_docs_rows(scratch, pr.docs) if pr.docs else [],
-                                            format_result(scratch, t, pr))
+                    states[pr.id] = PRState(
+                        read_tests(scratch, t.series_dir, pr, ci),
+                        read_docs_rows(scratch, pr.docs) if pr.docs else [],
+                        format_result(scratch, t, pr),
+                    )
                 if python is not None:
                     present = [f for f in check.tests if (scratch / f).is_file()]
-                    check.run = seriestests.run(python, scratch, select=present) if present else seriestests.TestRun(
-                        scratch, absent=True)
+                    check.run = (
+                        seriestests.run(python, scratch, select=present)
+                        if present
+                        else seriestests.TestRun(scratch, absent=True)
+                    )
                     print(f"pr-drafts --check: {label}: PR {pr.id}: {check.summary()}", flush=True)
 
             rc.prs = prs.am_prs(scratch, patch_dirs, prmap, on_applied)

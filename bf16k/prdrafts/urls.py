@@ -22,7 +22,9 @@ def parse_pr_urls(items: list[str], names: list[str], prmap: prs.PRMap | None = 
         if not sep or not key or not url:
             raise ToolError(f"--pr-url expects ID=URL or PATCH=URL, got {item!r}")
         if not url.startswith("https://") or any(c.isspace() for c in url):
-            raise ToolError(f"--pr-url: {url!r} is not an https URL (Forwarded: takes no, not-needed or a URL)")
+            raise ToolError(
+                f"--pr-url: {url!r} is not an https URL (Forwarded: takes no, not-needed or a URL)"
+            )
         if key in ids:
             for name in ids[key].patches:
                 urls[name] = url
@@ -32,7 +34,9 @@ def parse_pr_urls(items: list[str], names: list[str], prmap: prs.PRMap | None = 
             known = ", ".join(sorted(ids)) + ("; " if ids else "") + ", ".join(names)
             raise ToolError(f"--pr-url: no PR or patch {key!r} (known: {known or 'none'})")
         if name in local:
-            raise ToolError(f"--pr-url: {name} is local only (Forwarded: not-needed in the PR map); no PR carries it")
+            raise ToolError(
+                f"--pr-url: {name} is local only (Forwarded: not-needed in the PR map); no PR carries it"
+            )
         urls[name] = url
     return urls
 
@@ -77,7 +81,11 @@ def record_pr_urls(t: Target, urls: dict[str, str], today: str | None = None) ->
     repo = tree.repo
     commits = gitutil.out(["rev-list", "--reverse", f"{tree.base}..{tree.head}"], repo).split()
     today = today or time.strftime("%Y-%m-%d", time.gmtime())
-    changed = [name for name, url in urls.items() if series.parse_patch(t.series_dir / name).trailers.get("Forwarded") != url]
+    changed = [
+        name
+        for name, url in urls.items()
+        if series.parse_patch(t.series_dir / name).trailers.get("Forwarded") != url
+    ]
     if not changed:
         return []
     first = min(tree.names.index(n) for n in changed)
@@ -90,9 +98,11 @@ def record_pr_urls(t: Target, urls: dict[str, str], today: str | None = None) ->
         # Same tree, same author and committer: only the message (and so the ids) change.
         tree_id = gitutil.out(["rev-parse", f"{commit}^{{tree}}"], repo)
         parent = gitutil.out(
-            ["commit-tree", tree_id, "-p", parent, "-F", "-"], repo,
-            input_bytes=message, env=_commit_env(raw.decode("utf-8", errors="replace")),
-        )  # fmt: skip
+            ["commit-tree", tree_id, "-p", parent, "-F", "-"],
+            repo,
+            input_bytes=message,
+            env=_commit_env(raw.decode("utf-8", errors="replace")),
+        )
     gitutil.git(["update-ref", "-m", "bf16k pr-drafts: record PR URLs", "HEAD", parent, tree.head], repo)
     patches.export(t)
     return changed

@@ -17,11 +17,29 @@ MIB = 2**20
 
 
 def _step(fmt: str = "bf16", **kw):  # type: ignore[no-untyped-def]
-    plan = {"index_k_format": fmt, "deep_gemm_metadata": "none", "budget_bytes": 40 * MIB, "rows_per_chunk": 2048,
-            "rows_per_request": 1, "unchunked_logits_bytes": 256 * MIB, "nonpaged": None}
+    plan = {
+        "index_k_format": fmt,
+        "deep_gemm_metadata": "none",
+        "budget_bytes": 40 * MIB,
+        "rows_per_chunk": 2048,
+        "rows_per_request": 1,
+        "unchunked_logits_bytes": 256 * MIB,
+        "nonpaged": None,
+    }
     plan.update(kw.pop("plan", {}))
-    res = tier.StepResult("sm120", f"{fmt}/fused", "bounded", "eager", "extend", "x", "pass", [16384],
-                          indexer_plan=plan, scorer_calls=kw.pop("calls", 8), logits_chunk_max_mb=kw.pop("chunk", 32.0))
+    res = tier.StepResult(
+        "sm120",
+        f"{fmt}/fused",
+        "bounded",
+        "eager",
+        "extend",
+        "x",
+        "pass",
+        [16384],
+        indexer_plan=plan,
+        scorer_calls=kw.pop("calls", 8),
+        logits_chunk_max_mb=kw.pop("chunk", 32.0),
+    )
     return res
 
 
@@ -31,14 +49,17 @@ def test_a_chunked_step_within_the_budget_passes() -> None:
     assert "budget 40.0 MiB" in line and "256.0 MiB in one piece" in line and "8 chunk(s)" in line
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"calls": 1}, "not chunked"),
-    ({"chunk": 48.0}, "exceeds the budget"),
-    ({"plan": {"deep_gemm_metadata": "4 schedules"}}, "DeepGEMM metadata built"),
-    ({"plan": {"rows_per_chunk": None}}, "planned no row chunks"),
-    ({"plan": {"unchunked_logits_bytes": 30 * MIB}}, "not bounded"),
-    ({"plan": {"budget_bytes": None}}, "without a logits budget"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"calls": 1}, "not chunked"),
+        ({"chunk": 48.0}, "exceeds the budget"),
+        ({"plan": {"deep_gemm_metadata": "4 schedules"}}, "DeepGEMM metadata built"),
+        ({"plan": {"rows_per_chunk": None}}, "planned no row chunks"),
+        ({"plan": {"unchunked_logits_bytes": 30 * MIB}}, "not bounded"),
+        ({"plan": {"budget_bytes": None}}, "without a logits budget"),
+    ],
+)
 def test_what_a_bounded_bf16_step_is_held_to(change, words) -> None:  # type: ignore[no-untyped-def]
     problems = tier.bounded_problems("bf16", _step(**change), {"peak_extra": 36 * MIB})
     assert any(words in p for p in problems), problems
@@ -51,8 +72,12 @@ def test_the_logits_phase_peak_is_held_to_the_budget_plus_slack() -> None:
 
 
 def test_the_non_paged_path_needs_no_metadata_chunks_and_fp8_is_recorded_only() -> None:
-    nonpaged = _step(plan={"rows_per_chunk": None, "nonpaged": {"query_rows": 16384, "max_seqlen_k": 4096,
-                                                                "rows_per_chunk": 2560}})
+    nonpaged = _step(
+        plan={
+            "rows_per_chunk": None,
+            "nonpaged": {"query_rows": 16384, "max_seqlen_k": 4096, "rows_per_chunk": 2560},
+        }
+    )
     assert tier.bounded_problems("bf16", nonpaged, {"peak_extra": 36 * MIB}) == []
     assert "non-paged" in tier.bounded_summary(nonpaged)
     # upstream's fp8 path is what it is (sm_120's torch path plans no chunks): recorded, never failed
@@ -60,18 +85,31 @@ def test_the_non_paged_path_needs_no_metadata_chunks_and_fp8_is_recorded_only() 
 
 
 def test_the_indexer_plan_of_a_forward() -> None:
-    im = SimpleNamespace(deep_gemm_metadata=None, mqa_logits_budget_bytes=123, rows_per_chunk=100, index_k_format="bf16",
-                         rows_per_request=1, max_compressed_seq_len=4000, nonpaged_plan=None)
+    im = SimpleNamespace(
+        deep_gemm_metadata=None,
+        mqa_logits_budget_bytes=123,
+        rows_per_chunk=100,
+        index_k_format="bf16",
+        rows_per_request=1,
+        max_compressed_seq_len=4000,
+        nonpaged_plan=None,
+    )
     plan = tier.indexer_plan(im, 1000)
     assert plan["deep_gemm_metadata"] == "none" and plan["rows_per_chunk"] == 100
-    assert plan["unchunked_logits_bytes"] == 1000 * 4096 * 4  # rows aligned to 256 columns, as upstream budgets
+    assert (
+        plan["unchunked_logits_bytes"] == 1000 * 4096 * 4
+    )  # rows aligned to 256 columns, as upstream budgets
     im.deep_gemm_metadata = [object(), object()]
     im.nonpaged_plan = SimpleNamespace(query_rows=1000, max_seqlen_k=1024, rows_per_chunk=None)
     plan = tier.indexer_plan(im, 1000)
     assert plan["deep_gemm_metadata"] == "2 schedules" and plan["nonpaged"]["max_seqlen_k"] == 1024
     assert plan["unchunked_logits_bytes"] == 1000 * 1024 * 4
-    unpatched = SimpleNamespace(deep_gemm_metadata=torch.zeros(1), mqa_logits_budget_bytes=None, rows_per_chunk=None,
-                                max_compressed_seq_len=64)
+    unpatched = SimpleNamespace(
+        deep_gemm_metadata=torch.zeros(1),
+        mqa_logits_budget_bytes=None,
+        rows_per_chunk=None,
+        max_compressed_seq_len=64,
+    )
     assert tier.indexer_plan(unpatched, 1)["index_k_format"] is None
 
 
@@ -83,8 +121,11 @@ def test_the_budget_is_found_through_upstreams_own_knob(monkeypatch) -> None:  #
     import sglang.srt.layers.attention.mqa_logits_utils as mlu
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(mlu, "mqa_logits_budget_bytes",
-                        lambda device_index, allow_sync: int(float(os.environ[tier.BUDGET_ENV]) * 28e9))
+    monkeypatch.setattr(
+        mlu,
+        "mqa_logits_budget_bytes",
+        lambda device_index, allow_sync: int(float(os.environ[tier.BUDGET_ENV]) * 28e9),
+    )
     with tier.logits_budget(64 * MIB) as got:
         assert os.environ[tier.BUDGET_ENV] == f"{got['fraction']:.9g}"
         assert got["budget_bytes"] == pytest.approx(64 * MIB, rel=1e-6)
@@ -123,8 +164,11 @@ def test_the_bounded_scenarios_steps(monkeypatch) -> None:  # type: ignore[no-un
         def finish(self, req: object) -> None:
             pass
 
-    arm = SimpleNamespace(rig=Rig(), spec=tier.ArmSpec("bf16", "fused"),
-                          step=lambda *a, **kw: steps.append((a[1], a[3], a[4], kw)))
+    arm = SimpleNamespace(
+        rig=Rig(),
+        spec=tier.ArmSpec("bf16", "fused"),
+        step=lambda *a, **kw: steps.append((a[1], a[3], a[4], kw)),
+    )
     budgets = []
 
     @contextlib.contextmanager
@@ -136,14 +180,19 @@ def test_the_bounded_scenarios_steps(monkeypatch) -> None:  # type: ignore[no-un
     sizes = tier.Sizes(bounded=(16384, 12288, 4096), bounded_large=(65536, 16384))
     tier.bounded_scenario(arm, sizes)
     assert budgets == [16384 * 4096 * 4 // 6]
-    assert [(s[1], s[2]) for s in steps] == [([16384], "extend"), ([12288], "extend"), ([12288], "extend"),
-                                            ([4096, 4096], "extend")]
+    assert [(s[1], s[2]) for s in steps] == [
+        ([16384], "extend"),
+        ([12288], "extend"),
+        ([12288], "extend"),
+        ([4096, 4096], "extend"),
+    ]
     assert all(s[3] == {"bounded": True} for s in steps)
     steps.clear()
     tier.bounded_large_scenario(arm, sizes)
     assert len(steps) == 4 and all(s[1] == [16384] for s in steps)
     assert [s[3] for s in steps] == [{"bounded": False, "lean": True, "checked": False}] * 3 + [
-        {"bounded": True, "lean": True, "checked": True}]
+        {"bounded": True, "lean": True, "checked": True}
+    ]
 
 
 def test_scenarios_and_per_arm_scenarios_are_checked_names() -> None:
@@ -153,7 +202,9 @@ def test_scenarios_and_per_arm_scenarios_are_checked_names() -> None:
     assert sizes.only == ("bounded", "long") and cli._sizes(True, None).only is None
     with pytest.raises(SystemExit, match="unknown scenario"):
         cli._sizes(False, ["bonded"])
-    args = cli.parse_args(["--out", "x", "--arm-scenarios", "sm90:fp8/fused=bounded", "bf16/fused=long,bounded"])
+    args = cli.parse_args(
+        ["--out", "x", "--arm-scenarios", "sm90:fp8/fused=bounded", "bf16/fused=long,bounded"]
+    )
     assert args.arm_scenarios == ["sm90:fp8/fused=bounded", "bf16/fused=long,bounded"]
 
 
@@ -166,7 +217,10 @@ def test_the_summary_lists_the_bounded_steps() -> None:
     step["logits_phase_peak_mb"] = 36.0
     step["selection"] = []
     md = summary_markdown([step], [], {})
-    assert "## Logits under a memory budget" in md and "| sm120 | bf16/fused | x | paged | 40.0 | 256.0 | 8 |" in md
+    assert (
+        "## Logits under a memory budget" in md
+        and "| sm120 | bf16/fused | x | paged | 40.0 | 256.0 | 8 |" in md
+    )
 
 
 @pytest.mark.parametrize("profile", ["sm120", "sm90"])
@@ -184,12 +238,24 @@ def test_under_a_profile_bf16_is_chunked_by_the_budget_without_a_schedule(profil
         rows, pages = 8192, 32  # 8192 rows x 2048 keys: 64 MiB of logits in one piece
         table = torch.zeros(rows, pages, dtype=torch.int32)
         lens = torch.full((rows,), 2048, dtype=torch.int32)
-        bf16 = PagedIndexerMetadata(page_size=256, compressed_page_size=64, page_table=table, compressed_seq_lens=lens,
-                                    use_topk_v2=False, index_k_format="bf16")
+        bf16 = PagedIndexerMetadata(
+            page_size=256,
+            compressed_page_size=64,
+            page_table=table,
+            compressed_seq_lens=lens,
+            use_topk_v2=False,
+            index_k_format="bf16",
+        )
         assert bf16.deep_gemm_metadata is None and bf16.rows_per_chunk == 16 * MIB // (2048 * 4)
         assert bf16.mqa_logits_budget_bytes == 16 * MIB
         if profile == "sm120":
             assert applied.hook_env["SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"] == "True"
-            fp8 = PagedIndexerMetadata(page_size=256, compressed_page_size=64, page_table=table,
-                                       compressed_seq_lens=lens, use_topk_v2=False, index_k_format="fp8")
+            fp8 = PagedIndexerMetadata(
+                page_size=256,
+                compressed_page_size=64,
+                page_table=table,
+                compressed_seq_lens=lens,
+                use_topk_v2=False,
+                index_k_format="fp8",
+            )
             assert fp8.deep_gemm_metadata is None and fp8.rows_per_chunk is None  # upstream's fp8 torch path

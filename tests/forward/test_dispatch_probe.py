@@ -11,8 +11,12 @@ from verify.core import probe
 
 @pytest.fixture(scope="module")
 def dispatch():
-    return {(d.profile, d.flag, d.mode.split()[0]): d for prof in P.PROFILE_NAMES for flag in (False, True)
-            for d in probe.probe(prof, flag)}
+    return {
+        (d.profile, d.flag, d.mode.split()[0]): d
+        for prof in P.PROFILE_NAMES
+        for flag in (False, True)
+        for d in probe.probe(prof, flag)
+    }
 
 
 def test_hook_sets_sm120_switches():
@@ -70,7 +74,9 @@ def test_flag_on_reads_bf16_in_place_everywhere(dispatch, prof):
         assert not d.nonpaged_gather
         # no DeepGEMM schedule for the bf16 scorers, on any platform
         assert d.metadata.startswith("none"), d
-        assert d.topk == dispatch[(prof, False, "decode")].topk  # the series leaves the top-k as upstream picks it
+        assert (
+            d.topk == dispatch[(prof, False, "decode")].topk
+        )  # the series leaves the top-k as upstream picks it
 
 
 def test_replacements_are_named(dispatch):
@@ -79,8 +85,11 @@ def test_replacements_are_named(dispatch):
 
 
 def test_profile_roles_for_the_backends():
-    assert probe.profile_roles("sm120") == {"scorer": "score_tilelang", "topk": "topk_v1",
-                                            "metadata": "none (no DeepGEMM schedule, no row chunking)"}
+    assert probe.profile_roles("sm120") == {
+        "scorer": "score_tilelang",
+        "topk": "topk_v1",
+        "metadata": "none (no DeepGEMM schedule, no row chunking)",
+    }
     assert probe.profile_roles("sm90")["scorer"] == "score_deepgemm"
 
 

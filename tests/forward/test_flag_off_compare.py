@@ -8,7 +8,11 @@ from verify.forward.checks import compare_flag_off
 
 def record(sel_rows, status="pass", digest="d0"):
     sel = {"prefill": torch.tensor(sel_rows), "decode": torch.tensor([[0, 1, 2]])}
-    return {"selections": sel, "pool_digest": {k: digest for k in sel}, "step_status": {k: status for k in sel}}
+    return {
+        "selections": sel,
+        "pool_digest": {k: digest for k in sel},
+        "step_status": {k: status for k in sel},
+    }
 
 
 def test_identical_runs_pass():
@@ -24,7 +28,10 @@ def test_different_pool_bytes_fail_whatever_the_selections():
 def test_a_difference_without_the_control_is_incomplete_not_a_pass():
     res = compare_flag_off(record([[0, 1, 2], [3, 4, 5]]), record([[0, 1, 2], [3, 4, 6]]))
     assert res["status"] == "incomplete"
-    assert res["differing_steps"]["prefill"]["rows"] == 1 and res["differing_steps"]["prefill"]["max_slots_per_row"] == 1
+    assert (
+        res["differing_steps"]["prefill"]["rows"] == 1
+        and res["differing_steps"]["prefill"]["max_slots_per_row"] == 1
+    )
     assert "no rerun of either tree" in res["detail"]
 
 
@@ -32,7 +39,11 @@ def test_upstreams_own_tie_breaking_explains_a_difference():
     patched, base = record([[0, 1, 2], [3, 4, 5]]), record([[0, 1, 2], [3, 4, 6]])
     control = record([[0, 1, 2], [3, 4, 7]])
     res = compare_flag_off(patched, base, control)
-    assert res["status"] == "pass" and "run-to-run tie-breaking" in res["detail"] and res["differing_steps"]["prefill"]["unpatched_rerun_differs"]
+    assert (
+        res["status"] == "pass"
+        and "run-to-run tie-breaking" in res["detail"]
+        and res["differing_steps"]["prefill"]["unpatched_rerun_differs"]
+    )
 
 
 def test_a_difference_upstream_does_not_show_against_itself_fails():
@@ -57,9 +68,15 @@ def test_missing_steps_fail():
 def test_a_record_from_before_the_classification_reads_incomplete_where_the_pools_agreed():
     from verify.core.forward_runs import flag_off_status
 
-    old = {"status": "fail", "detail": "differs from the unpatched tree: selections ['stale:3000'], pool bytes [], missing []"}
+    old = {
+        "status": "fail",
+        "detail": "differs from the unpatched tree: selections ['stale:3000'], pool bytes [], missing []",
+    }
     assert flag_off_status(old)[0] == "incomplete"
-    pool = {"status": "fail", "detail": "differs from the unpatched tree: selections [], pool bytes ['a'], missing []"}
+    pool = {
+        "status": "fail",
+        "detail": "differs from the unpatched tree: selections [], pool bytes ['a'], missing []",
+    }
     assert flag_off_status(pool)[0] == "fail"
     new = compare_flag_off(record([[0, 1, 2]]), record([[0, 1, 3]]))
     assert flag_off_status(new) == (new["status"], new["detail"])
@@ -98,28 +115,38 @@ def test_a_patched_rerun_alone_is_a_control():
     assert res["status"] == "fail" and res["control"] == "patched tree run twice"
 
 
-def test_compare_with_baseline_reruns_the_patched_arm_only_where_the_unpatched_control_leaves_a_doubt(monkeypatch, tmp_path):
+def test_compare_with_baseline_reruns_the_patched_arm_only_where_the_unpatched_control_leaves_a_doubt(
+    monkeypatch, tmp_path
+):
     from types import SimpleNamespace
 
     from verify.forward import cli
 
     def arm(rows):
         r = record(rows)
-        return SimpleNamespace(selections=r["selections"], pool_digest=r["pool_digest"], step_status=r["step_status"])
+        return SimpleNamespace(
+            selections=r["selections"], pool_digest=r["pool_digest"], step_status=r["step_status"]
+        )
 
     runs = {"": record([[0, 1, 2], [3, 4, 6]]), "-control": record([[0, 1, 2], [3, 4, 6]])}
-    monkeypatch.setattr(cli, "_run_baseline", lambda tree, profile, quick, out, tag, scenarios=None: runs[tag])
+    monkeypatch.setattr(
+        cli, "_run_baseline", lambda tree, profile, quick, out, tag, scenarios=None: runs[tag]
+    )
     reruns = []
 
     def rerun():
         reruns.append(1)
         return arm([[0, 1, 2], [3, 4, 6]])  # the patched tree, run again, selects what upstream did
 
-    res = cli.compare_with_baseline(arm([[0, 1, 2], [3, 4, 5]]), tmp_path, "sm120", True, tmp_path, None, rerun)
+    res = cli.compare_with_baseline(
+        arm([[0, 1, 2], [3, 4, 5]]), tmp_path, "sm120", True, tmp_path, None, rerun
+    )
     assert reruns == [1] and res["status"] == "pass", res["detail"]
 
     runs[""] = record([[0, 1, 2], [3, 4, 5]])  # identical: no control, no rerun
-    res = cli.compare_with_baseline(arm([[0, 1, 2], [3, 4, 5]]), tmp_path, "sm120", True, tmp_path, None, rerun)
+    res = cli.compare_with_baseline(
+        arm([[0, 1, 2], [3, 4, 5]]), tmp_path, "sm120", True, tmp_path, None, rerun
+    )
     assert reruns == [1] and res["status"] == "pass" and res["control"] is None
 
 
@@ -144,7 +171,9 @@ def test_the_comparison_says_whether_the_scores_differed_where_the_selections_di
     same = {"prefill": torch.tensor([7, 9]), "decode": torch.tensor([1])}
     patched["logits_digest"], base["logits_digest"] = same, dict(same)
     res = compare_flag_off(patched, base)
-    assert res["differing_steps"]["prefill"]["scores_differ_on_those_rows"] is False  # the top-k chose differently
+    assert (
+        res["differing_steps"]["prefill"]["scores_differ_on_those_rows"] is False
+    )  # the top-k chose differently
     base["logits_digest"] = {"prefill": torch.tensor([7, 8]), "decode": torch.tensor([1])}
     res = compare_flag_off(patched, base)
     assert res["differing_steps"]["prefill"]["scores_differ_on_those_rows"] is True  # the scorer did

@@ -16,8 +16,16 @@ def make_rig():
     rigs = []
 
     def make(flag: bool, seed: int = 1234, draft_tokens: int = 0) -> Rig:
-        cfg = RigConfig(device="cpu", flag=flag, max_reqs=4, full_tokens=1 << 14, max_context_len=1 << 13,
-                        topk_backend="torch", seed=seed, draft_tokens=draft_tokens)
+        cfg = RigConfig(
+            device="cpu",
+            flag=flag,
+            max_reqs=4,
+            full_tokens=1 << 14,
+            max_context_len=1 << 13,
+            topk_backend="torch",
+            seed=seed,
+            draft_tokens=draft_tokens,
+        )
         rig = Rig(cfg, (9, 0))
         rigs.append(rig)
         return rig
@@ -89,7 +97,9 @@ def test_pd_descriptors_move_every_page(make_rig, flag):
     dst_rig.reserve(dst, 5200)
     assert src.pages != dst.pages
     rows = src_rig.pool.get_index_k_with_scale_buffer(0)
-    rows.copy_(torch.randint(0, 256, rows.shape, generator=torch.Generator().manual_seed(0), dtype=torch.uint8))
+    rows.copy_(
+        torch.randint(0, 256, rows.shape, generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    )
     target = dst_rig.pool.get_index_k_with_scale_buffer(0)
     target.fill_(0xAB)
     canary = dst_rig.free_pages[:5]
@@ -107,7 +117,9 @@ def test_a_wrong_descriptor_is_caught(make_rig, monkeypatch):
     src_rig.reserve(src, 5200)
     dst_rig.reserve(dst, 5200)
     rows = src_rig.pool.get_index_k_with_scale_buffer(0)
-    rows.copy_(torch.randint(0, 256, rows.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8))
+    rows.copy_(
+        torch.randint(0, 256, rows.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    )
     real = type(src_rig.pool).get_contiguous_buf_infos
 
     def fp8_item_len(self):

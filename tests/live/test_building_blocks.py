@@ -218,8 +218,14 @@ def test_only_measurements_are_done_on_resume() -> None:
     # Resending cannot make a calibrated size checkable; --accept-calibrated re-judges it instead.
     assert is_done({"state": "unchecked", "kind": "calibrated"})
     assert count_states([{"state": "pass"}, None, {"state": "error"}]) == {
-        "pass": 1, "fail": 0, "skipped": 0, "truncated": 0, "error": 1, "unchecked": 0, "unmeasured": 1
-    }  # fmt: skip
+        "pass": 1,
+        "fail": 0,
+        "skipped": 0,
+        "truncated": 0,
+        "error": 1,
+        "unchecked": 0,
+        "unmeasured": 1,
+    }
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,9 @@ def _keys_of(kv: torch.Tensor, page_table: torch.Tensor | None, n: int) -> torch
     return flat[table[j // PAGE], j % PAGE].double()
 
 
-def prefill_stand_in(real: Any, faults: tuple[str, ...] = (), block_k: int | None = None) -> types.SimpleNamespace:
+def prefill_stand_in(
+    real: Any, faults: tuple[str, ...] = (), block_k: int | None = None
+) -> types.SimpleNamespace:
     """``bf16_mqa_logits`` as its docstring states it. ``faults``: ``"one_key_past_ke"`` (a row
     also scores key ``ke``), ``"writes_everywhere"`` (``-inf`` outside the row's tiles even with
     ``clean_logits=False``), ``"ignores_ks"`` (rows start at key 0). ``block_k``: the default
@@ -41,9 +43,18 @@ def prefill_stand_in(real: Any, faults: tuple[str, ...] = (), block_k: int | Non
         config = real.select_prefill_config(*args, **kwargs)
         return replace(config, block_k=block_k, block_r=64) if block_k else config
 
-    def with_config(q: torch.Tensor, kv: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,
-                    max_seqlen_k: int, page_table: torch.Tensor | None = None, clean_logits: bool = False,
-                    config: Any = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    def with_config(
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        weights: torch.Tensor,
+        ks: torch.Tensor,
+        ke: torch.Tensor,
+        max_seqlen_k: int,
+        page_table: torch.Tensor | None = None,
+        clean_logits: bool = False,
+        config: Any = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         rows = q.shape[0]
         config = config or select()
         block = config.block_k
@@ -83,9 +94,17 @@ def paged_stand_in(real: Any) -> types.SimpleNamespace:
     """``bf16_paged_mqa_logits`` as its docstring states it (the first row's table per group;
     ``-inf`` to the end of the row's last 64-key tile, nothing after it without the fill)."""
 
-    def with_config(q: torch.Tensor, kv: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
-                    page_table: torch.Tensor, max_seq_len: int, config: Any = None, fill_tail: bool = True,
-                    group_rows: int = 1) -> torch.Tensor:
+    def with_config(
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        weights: torch.Tensor,
+        seq_lens: torch.Tensor,
+        page_table: torch.Tensor,
+        max_seq_len: int,
+        config: Any = None,
+        fill_tail: bool = True,
+        group_rows: int = 1,
+    ) -> torch.Tensor:
         q = q[:, 0] if q.dim() == 4 else q
         rows, width = q.shape[0], int(max_seq_len)
         lens = seq_lens.reshape(-1).long()
@@ -106,10 +125,20 @@ def paged_stand_in(real: Any) -> types.SimpleNamespace:
     ns = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
     ns.bf16_paged_mqa_logits_with_config = with_config
 
-    def plain(q: Any, kv: Any, weights: Any, seq_lens: Any, page_table: Any, schedule: Any, max_seq_len: int,
-              clean_logits: bool = True, group_rows: int = 1) -> torch.Tensor:
-        return with_config(q, kv, weights, seq_lens, page_table, max_seq_len, fill_tail=clean_logits,
-                           group_rows=group_rows)
+    def plain(
+        q: Any,
+        kv: Any,
+        weights: Any,
+        seq_lens: Any,
+        page_table: Any,
+        schedule: Any,
+        max_seq_len: int,
+        clean_logits: bool = True,
+        group_rows: int = 1,
+    ) -> torch.Tensor:
+        return with_config(
+            q, kv, weights, seq_lens, page_table, max_seq_len, fill_tail=clean_logits, group_rows=group_rows
+        )
 
     ns.bf16_paged_mqa_logits = plain
     ns.__file__ = f"torch stand-in of {getattr(real, '__file__', '?')}"

@@ -114,13 +114,23 @@ def test_speed_report_renders_a_new_run(tmp_path: Path) -> None:
         shape(8, 2048, 131072, bf16_default=0.009, bf16_default_lean=0.006, bf16_best_split_lean=0.0055),
     ]
     mtp = [
-        MtpResult(64, 32768, 2, 64 * 32768 * 256, one_row={"ms": 0.14}, grouped={"ms": 0.15},
-                  ungrouped={"ms": 0.28}, fp8={"ms": 0.19})
+        MtpResult(
+            64,
+            32768,
+            2,
+            64 * 32768 * 256,
+            one_row={"ms": 0.14},
+            grouped={"ms": 0.15},
+            ungrouped={"ms": 0.28},
+            fp8={"ms": 0.19},
+        )
     ]
     lengths = [max(1, (p + 1) // 4) for p in range(8192)]
     long = [
         LongPrefillResult(
-            8192, 2048, 8192,
+            8192,
+            2048,
+            8192,
             arms={"bf16": {"ms": 3.0}, "fp8_twin": {"ms": 1.8}},
             floors=prefill_floors(lengths, 2048, 64),
             dispatch_arm="bf16",
@@ -165,30 +175,71 @@ def test_speed_report_shows_the_grouped_sweep_and_the_anchor(tmp_path: Path) -> 
     default = {"block_n": 64, "num_warps": 4, "num_stages": 4, "swap_ab": True, "max_split_n": 2048}
     better = {**default, "num_warps": 8, "block_n": 128}
     grouped = {"ms": 0.17, "config": default}
-    swept = [{"ms": 0.16, "config": better}, {"ms": None, "error": "disagrees with the default", "config": default}]
+    swept = [
+        {"ms": 0.16, "config": better},
+        {"ms": None, "error": "disagrees with the default", "config": default},
+    ]
     mtp = [
-        MtpResult(64, 32768, 2, 64 * 32768 * 256, one_row={"ms": 0.14}, grouped=grouped, ungrouped={"ms": 0.28},
-                  fp8={"ms": 0.19}, deepgemm={"ms": 0.1}, grouped_sweep=swept, grouped_best=swept[0]),
-        MtpResult(8, 8192, 2, 8 * 8192 * 256, one_row={"ms": 0.01}, grouped={"ms": 0.011, "config": default},
-                  ungrouped={"ms": 0.012}, fp8={"ms": 0.012}, deepgemm={"ms": None, "error": "Disagrees"},
-                  grouped_sweep=[{"ms": 0.02, "config": better}], grouped_best={"ms": 0.011, "config": default}),
+        MtpResult(
+            64,
+            32768,
+            2,
+            64 * 32768 * 256,
+            one_row={"ms": 0.14},
+            grouped=grouped,
+            ungrouped={"ms": 0.28},
+            fp8={"ms": 0.19},
+            deepgemm={"ms": 0.1},
+            grouped_sweep=swept,
+            grouped_best=swept[0],
+        ),
+        MtpResult(
+            8,
+            8192,
+            2,
+            8 * 8192 * 256,
+            one_row={"ms": 0.01},
+            grouped={"ms": 0.011, "config": default},
+            ungrouped={"ms": 0.012},
+            fp8={"ms": 0.012},
+            deepgemm={"ms": None, "error": "Disagrees"},
+            grouped_sweep=[{"ms": 0.02, "config": better}],
+            grouped_best={"ms": 0.011, "config": default},
+        ),
     ]
     decode = bench.ShapeResult(
         shape={"mode": "decode", "rows": 8, "keys": 32768, "width": 0},
-        key_bytes_bf16=8 * 32768 * 256, key_bytes_fp8=8 * 32768 * 132, unique_key_bytes_bf16=8 * 32768 * 256,
-        bf16_default=bench.Timing("d", ms=0.0233), bf16_best=bench.Timing("b", ms=0.0155),
-        sweep=[bench.Timing("b", ms=0.0155)], fp8_best=bench.Timing("f", ms=0.015),
-        fp8_deepgemm=bench.Timing("dg", ms=0.014), peak_extra_bytes={"bf16": 0, "logits": 0},
+        key_bytes_bf16=8 * 32768 * 256,
+        key_bytes_fp8=8 * 32768 * 132,
+        unique_key_bytes_bf16=8 * 32768 * 256,
+        bf16_default=bench.Timing("d", ms=0.0233),
+        bf16_best=bench.Timing("b", ms=0.0155),
+        sweep=[bench.Timing("b", ms=0.0155)],
+        fp8_best=bench.Timing("f", ms=0.015),
+        fp8_deepgemm=bench.Timing("dg", ms=0.014),
+        peak_extra_bytes={"bf16": 0, "logits": 0},
     )
     bench.write_outputs(tmp_path, {"gpu": "NVIDIA H200", "triton": "3.6.0"}, [decode], mtp)
     text = report.render(report.load(tmp_path))
-    assert "| 64 x 32,768, 2 | 140.0 | 170.0 | 1.21 | 160.0 | 1.14 | 128/w8/s4/swap/cap 2048 | 280.0 | 190.0 | 100.0 | 1.70 |" in text
-    assert "| 8 x 8,192, 2 | 10.0 | 11.0 | 1.10 | 11.0 | 1.10 | 64/w4/s4/swap/cap 2048 (default) | 12.0 | 12.0 | n/a | n/a |" in text
+    assert (
+        "| 64 x 32,768, 2 | 140.0 | 170.0 | 1.21 | 160.0 | 1.14 | 128/w8/s4/swap/cap 2048 | 280.0 | 190.0 | 100.0 | 1.70 |"
+        in text
+    )
+    assert (
+        "| 8 x 8,192, 2 | 10.0 | 11.0 | 1.10 | 11.0 | 1.10 | 64/w4/s4/swap/cap 2048 (default) | 12.0 | 12.0 | n/a | n/a |"
+        in text
+    )
     flat = " ".join(text.split())  # the target lines wrap
-    assert "one row per request: 1/2 (max 1.21x); with the best swept grouped config per shape 2/2 (max 1.14x)" in flat
+    assert (
+        "one row per request: 1/2 (max 1.21x); with the best swept grouped config per shape 2/2 (max 1.14x)"
+        in flat
+    )
     assert "0/1 shapes (default config, 60-60%; the best swept config per shape: 1/1, 90-90%" in flat
     assert "DeepGEMM's fp8 scorer on the same shapes: 51-51% of 4.8 TB/s for its own key bytes" in flat
-    assert "bf16 / DeepGEMM <= 1.94, the key-byte ratio (decode, >= 8,192 keys, default config): 1/1 (max 1.66)" in flat
+    assert (
+        "bf16 / DeepGEMM <= 1.94, the key-byte ratio (decode, >= 8,192 keys, default config): 1/1 (max 1.66)"
+        in flat
+    )
 
 
 def test_the_mtp_sweep_table_lists_every_config_per_shape(tmp_path: Path) -> None:
@@ -203,12 +254,33 @@ def test_the_mtp_sweep_table_lists_every_config_per_shape(tmp_path: Path) -> Non
     default = {"block_n": 64, "num_warps": 4, "num_stages": 4, "swap_ab": True, "max_split_n": 2048}
     shallow = {**default, "num_stages": 3}
     mtp = [
-        MtpResult(8, 32768, 2, 0, one_row={"ms": 0.02}, grouped={"ms": 0.024, "config": default},
-                  grouped_sweep=[{"ms": 0.023, "config": shallow},
-                                 {"ms": None, "error": "disagrees with the default: max error 1", "config": {**default, "block_n": 32}}],
-                  grouped_best={"ms": 0.023, "config": shallow}),
-        MtpResult(8, 32768, 4, 0, one_row={"ms": 0.02}, grouped={"ms": 0.04, "config": default},
-                  grouped_sweep=[{"ms": 0.032, "config": shallow}], grouped_best={"ms": 0.032, "config": shallow}),
+        MtpResult(
+            8,
+            32768,
+            2,
+            0,
+            one_row={"ms": 0.02},
+            grouped={"ms": 0.024, "config": default},
+            grouped_sweep=[
+                {"ms": 0.023, "config": shallow},
+                {
+                    "ms": None,
+                    "error": "disagrees with the default: max error 1",
+                    "config": {**default, "block_n": 32},
+                },
+            ],
+            grouped_best={"ms": 0.023, "config": shallow},
+        ),
+        MtpResult(
+            8,
+            32768,
+            4,
+            0,
+            one_row={"ms": 0.02},
+            grouped={"ms": 0.04, "config": default},
+            grouped_sweep=[{"ms": 0.032, "config": shallow}],
+            grouped_best={"ms": 0.032, "config": shallow},
+        ),
     ]
     bench.write_outputs(tmp_path, {"gpu": "NVIDIA H200", "heads": 64}, [], mtp)
     lines = report.mtp_sweep_table(report.load(tmp_path))
@@ -219,7 +291,9 @@ def test_the_mtp_sweep_table_lists_every_config_per_shape(tmp_path: Path) -> Non
     # four rows of 64 heads: the query tile alone is 64 KB; four key stages leave room for one program
     assert "| 64/w4/s4/swap/cap 2048 (default), 4 | 128 | 1 |  | 2.00 |" in body
     assert "| 64/w4/s3/swap/cap 2048, 4 | 112 | 2 |  | **1.60** |" in body
-    bench.write_outputs(tmp_path, {"gpu": "x"}, [], [MtpResult(8, 32768, 2, 0, one_row={"ms": 0.02}, grouped={"ms": 0.024})])
+    bench.write_outputs(
+        tmp_path, {"gpu": "x"}, [], [MtpResult(8, 32768, 2, 0, one_row={"ms": 0.02}, grouped={"ms": 0.024})]
+    )
     assert "not measured" in report.mtp_sweep_table(report.load(tmp_path))[0]
     assert figures.mtp_sweep(tmp_path / "nowhere").startswith("_Not measured yet")
 
@@ -240,39 +314,86 @@ def test_speed_report_renders_the_prefill_kernel_its_targets_and_the_compile_cos
         lengths = [max(1, (p + 1) // 4) for p in range(tokens)]
         cfg = {"block_k": 256, "block_r": 64, "num_warps": 8, "maxnreg": 128}
         return LongPrefillResult(
-            tokens, keys, tokens,
-            arms={"bf16": {"ms": 3 * bf16_ms}, "bf16_prefill": {"ms": bf16_ms, "config": cfg},
-                  "fp8_twin": {"ms": 2 * bf16_ms}, "deepgemm_nonpaged": {"ms": dg_ms}},
-            floors=prefill_floors(lengths, keys, 64), dispatch_arm="bf16_prefill",
-            prefill_sweep=[{"ms": 0.9 * bf16_ms, "config": {**cfg, "block_r": 32}},
-                           {"ms": None, "error": "disagrees with the default", "config": cfg}],
+            tokens,
+            keys,
+            tokens,
+            arms={
+                "bf16": {"ms": 3 * bf16_ms},
+                "bf16_prefill": {"ms": bf16_ms, "config": cfg},
+                "fp8_twin": {"ms": 2 * bf16_ms},
+                "deepgemm_nonpaged": {"ms": dg_ms},
+            },
+            floors=prefill_floors(lengths, keys, 64),
+            dispatch_arm="bf16_prefill",
+            prefill_sweep=[
+                {"ms": 0.9 * bf16_ms, "config": {**cfg, "block_r": 32}},
+                {"ms": None, "error": "disagrees with the default", "config": cfg},
+            ],
             dense_bf16_tflops=770.0,
         )
 
     flops32 = prefill_floors([max(1, (p + 1) // 4) for p in range(32768)], 8192, 64)["flops"]
     runs = [long(8192, 0.30, 0.16), long(32768, flops32 / 650e12 * 1e3, 2.12), long(131072, 70.0, 37.45)]
-    meta = {"gpu": "NVIDIA H200", "triton": "3.6.0", "dense_matmul": {"n": 8192, "bf16_tflops": 770.0, "fp8_tflops": 1400.0}}
+    meta = {
+        "gpu": "NVIDIA H200",
+        "triton": "3.6.0",
+        "dense_matmul": {"n": 8192, "bf16_tflops": 770.0, "fp8_tflops": 1400.0},
+    }
     bench.write_outputs(tmp_path, meta, [], None, runs)
-    phases = [{"name": "capture", "format": "bf16", "calls": 52, "variants": {"bf16_paged_mqa_logits": 3},
-               "variants_total": 3, "seconds_total": 9.5, "seconds_in_compiling_calls": 9.0, "error": None},
-              {"name": "capture", "format": "fp8", "calls": 52, "variants": {"DG_JIT_CACHE_DIR": 1, "SGLANG_JIT_CACHE_DIR": 1},
-               "variants_total": 2, "seconds_total": 31.0, "seconds_in_compiling_calls": 30.0, "error": None}]
+    phases = [
+        {
+            "name": "capture",
+            "format": "bf16",
+            "calls": 52,
+            "variants": {"bf16_paged_mqa_logits": 3},
+            "variants_total": 3,
+            "seconds_total": 9.5,
+            "seconds_in_compiling_calls": 9.0,
+            "error": None,
+        },
+        {
+            "name": "capture",
+            "format": "fp8",
+            "calls": 52,
+            "variants": {"DG_JIT_CACHE_DIR": 1, "SGLANG_JIT_CACHE_DIR": 1},
+            "variants_total": 2,
+            "seconds_total": 31.0,
+            "seconds_in_compiling_calls": 30.0,
+            "error": None,
+        },
+    ]
     warm = [{**p, "seconds_total": p["seconds_total"] / 10} for p in phases]
-    (tmp_path / "bench_compile.json").write_text(json.dumps({
-        "cold": {"phases": phases, "capture_sizes": list(range(52)), "mtp_capture_sizes": []},
-        "warm": {"phases": warm}}))
+    (tmp_path / "bench_compile.json").write_text(
+        json.dumps(
+            {
+                "cold": {"phases": phases, "capture_sizes": list(range(52)), "mtp_capture_sizes": []},
+                "warm": {"phases": warm},
+            }
+        )
+    )
     text = report.render(report.load(tmp_path))
     flat = " ".join(text.split())
-    assert "dense bf16 matmul (`torch.matmul` 8192^3): 770 TFLOP/s" in flat and "fp8 (`torch._scaled_mm`): 1,400" in flat
+    assert (
+        "dense bf16 matmul (`torch.matmul` 8192^3): 770 TFLOP/s" in flat
+        and "fp8 (`torch._scaled_mm`): 1,400" in flat
+    )
     # 32K: 650 TFLOP/s = 84% of the dense rate; DeepGEMM 2.12 ms
     assert f"| 32,768 | {flops32 / 650e12 * 1e3:,.2f} | 650 | 84 |" in text
     assert "| 256/r32/w8/128 registers |" in text  # the best swept config
-    assert "long prefill >= 600 TFLOP/s effective (causal FLOPs; the same run's dense bf16 matmul: 770 TFLOP/s): " \
-           "32,768: 650 met; 131,072: 503 MISSED" in flat
+    assert (
+        "long prefill >= 600 TFLOP/s effective (causal FLOPs; the same run's dense bf16 matmul: 770 TFLOP/s): "
+        "32,768: 650 met; 131,072: 503 MISSED" in flat
+    )
     assert "8,192: 1.88x (<= 2.0) met; 32,768: 1.60x (<= 1.7) met; 131,072: 1.87x (<= 1.7) MISSED" in flat
     assert "long prefill within 1.2x" not in flat  # the old target is not this run's
-    assert "| graph capture, 52 decode batch sizes | bf16 | 52 | bf16_paged_mqa_logits 3 | 9.0 | 9.5 | 0.9 |" in text
-    assert "| graph capture, 52 decode batch sizes | fp8 | 52 | DG_JIT_CACHE_DIR 1, SGLANG_JIT_CACHE_DIR 1 | 30.0 | 31.0 | 3.1 |" in text
+    assert (
+        "| graph capture, 52 decode batch sizes | bf16 | 52 | bf16_paged_mqa_logits 3 | 9.0 | 9.5 | 0.9 |"
+        in text
+    )
+    assert (
+        "| graph capture, 52 decode batch sizes | fp8 | 52 | DG_JIT_CACHE_DIR 1, SGLANG_JIT_CACHE_DIR 1 | 30.0 | 31.0 | 3.1 |"
+        in text
+    )
 
 
 def test_compile_cost_pieces_on_cpu(tmp_path: Path) -> None:
@@ -284,8 +405,11 @@ def test_compile_cost_pieces_on_cpu(tmp_path: Path) -> None:
     sizes, spec = cc.capture_sizes(), cc.capture_sizes(speculative=True)
     assert sizes[:6] == [1, 2, 4, 8, 12, 16] and sizes[-1] == 512 and len(sizes) == 52
     assert spec[:9] == [1, 2, 3, 4, 5, 6, 7, 8, 10] and spec[-1] == 512
-    phase = cc.Phase("capture", "bf16", [cc.Call("bs=1", 2.0, {"k": 1}), cc.Call("bs=2", 0.01, {}),
-                                         cc.Call("bs=256", 1.5, {"k": 1})])
+    phase = cc.Phase(
+        "capture",
+        "bf16",
+        [cc.Call("bs=1", 2.0, {"k": 1}), cc.Call("bs=2", 0.01, {}), cc.Call("bs=256", 1.5, {"k": 1})],
+    )
     s = phase.summary()
     assert s["variants"] == {"k": 2} and s["compiling_calls"] == ["bs=1", "bs=256"]
     assert s["seconds_in_compiling_calls"] == 3.5 and s["seconds_total"] == 3.51
@@ -296,6 +420,10 @@ def test_compile_cost_pieces_on_cpu(tmp_path: Path) -> None:
     assert cc.count_artifacts(tmp_path / "a") == 2 and cc.count_artifacts(tmp_path / "none") == 0
     env = cc.child_env(tmp_path)
     assert env["TRITON_CACHE_DIR"] == str(tmp_path / "triton_cache_dir")
-    text = cc.table({"cold": {"phases": [{"name": "capture", "format": "bf16", **s}], "fp8": "not run: no DeepGEMM"},
-                     "warm": {"error": "exit 1"}})
+    text = cc.table(
+        {
+            "cold": {"phases": [{"name": "capture", "format": "bf16", **s}], "fp8": "not run: no DeepGEMM"},
+            "warm": {"error": "exit 1"},
+        }
+    )
     assert "capture" in text and "not run: no DeepGEMM" in text and "warm pass: exit 1" in text

@@ -51,7 +51,9 @@ def test_read_kernels_compile_for_each_gpu() -> None:
     assert len(streaming) == 7 and all(r["loop_waits"][0] >= 1 for r in streaming)
     assert all(r["loop_waits"][0] in (1, 2) for r in sm90 if r["kernel"] == paged)
     stages = {(r["target"], r["variant"]): r["config"].get("num_stages") for r in production}
-    assert stages[("sm90", "MTP verify, groups of 4")] == 3 and stages[("sm120", "MTP verify, groups of 4")] == 2
+    assert (
+        stages[("sm90", "MTP verify, groups of 4")] == 3 and stages[("sm120", "MTP verify, groups of 4")] == 2
+    )
     before = {r["target"]: r for r in reports if not r["production"] and r["kernel"] == paged}
     assert set(before) == {"sm90", "sm100", "sm120"}
     assert before["sm120"]["shared_bytes"] > before["sm120"]["shared_limit"]

@@ -275,8 +275,14 @@ def test_parity_suite_smoke_on_cpu(tmp_path) -> None:  # type: ignore[no-untyped
     assert code == 0, statuses
     ran = {n for n, st in statuses.items() if st != "skip"}
     assert ran == set(parity.CPU_CHECKS) and all(statuses[n] == "pass" for n in ran), statuses
-    assert {"group_rows[G=2]", "clean_logits", "mqa_oracle[q=fp8,H=32]", "mqa_chunk_boundaries", "mqa_empty_rows",
-            "mqa_vs_paged"} <= set(statuses)
+    assert {
+        "group_rows[G=2]",
+        "clean_logits",
+        "mqa_oracle[q=fp8,H=32]",
+        "mqa_chunk_boundaries",
+        "mqa_empty_rows",
+        "mqa_vs_paged",
+    } <= set(statuses)
     skipped = [r for r in payload["results"] if r["status"] == "skip"]
     assert all("misreads bf16" in r["summary"] or "GPU" in r["summary"] for r in skipped)
     refused = next(r for r in payload["results"] if r["name"] == "group_rows_static_refused")["details"]
@@ -303,7 +309,11 @@ def test_grouped_static_launches_are_refused_before_launch() -> None:
     module._bf16_paged_mqa_logits_kernel = _LaunchRecorder(launched)
     try:
         static = module.Bf16IndexLogitsConfig(block_n=64, split_n=128)
-        for config in (static, replace(module.CONFIGS["decode"], length_aware=False), module.CONFIGS["prefill"]):
+        for config in (
+            static,
+            replace(module.CONFIGS["decode"], length_aware=False),
+            module.CONFIGS["prefill"],
+        ):
             with pytest.raises(AssertionError, match="length-aware only"):
                 module.bf16_paged_mqa_logits_with_config(*args, case.max_seq_len, config, group_rows=2)
         assert launched == []
@@ -326,7 +336,10 @@ def test_prefill_case_layout_and_poison() -> None:
     last = int(case.page_table[pages_for(100) - 1])
     assert torch.isnan(case.pool[last, 100 % PAGE :].float()).all()  # the last page's tail
     assert not torch.isnan(case.pool[last, : 100 % PAGE].float()).any()
-    assert torch.isnan(case.pool[case.poison_page].float()).all() and int(case.page_table[-1]) == case.poison_page
+    assert (
+        torch.isnan(case.pool[case.poison_page].float()).all()
+        and int(case.page_table[-1]) == case.poison_page
+    )
     assert torch.equal(case.keys(), case.pool[case.page_table[:2].long()].reshape(-1, 128)[:100])
     paged = case.paged_rows()
     assert paged.page_table.shape == (64, case.page_table.shape[0]) and torch.equal(paged.seq_lens, case.ke)
@@ -351,8 +364,12 @@ def test_prefill_oracle_matches_the_paged_oracle_and_honours_ks() -> None:
     assert torch.equal(windowed[inside], got[inside])
     # the positions clean_logits=False writes: whole 4-key tiles meeting [ks, ke), nothing for empty rows
     owned = mqa_owned(torch.tensor([0, 5, 3, 9]), torch.tensor([3, 6, 3, 12]), 16, 4)
-    assert owned.int().tolist() == [[1, 1, 1, 1] + [0] * 12, [0, 0, 0, 0, 1, 1, 1, 1] + [0] * 8, [0] * 16,
-                                    [0] * 8 + [1] * 4 + [0] * 4]
+    assert owned.int().tolist() == [
+        [1, 1, 1, 1] + [0] * 12,
+        [0, 0, 0, 0, 1, 1, 1, 1] + [0] * 8,
+        [0] * 16,
+        [0] * 8 + [1] * 4 + [0] * 4,
+    ]
 
 
 def _harness_suite(faults: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
@@ -361,9 +378,18 @@ def _harness_suite(faults: tuple[str, ...] = ()):  # type: ignore[no-untyped-def
     from tests.parity.kernel_stand_ins import paged_stand_in, prefill_stand_in
     from verify.parity import read as parity
 
-    settings = parity.Settings(device=torch.device("cpu"), lengths=LENGTHS, heads=[32], reruns=3, seed=0,
-                               prefill=[(64, 16)], small=True, groups=[2], mqa_prefill=[(300, 90), (16, 200)],
-                               mqa_chunked=(400, 100))
+    settings = parity.Settings(
+        device=torch.device("cpu"),
+        lengths=LENGTHS,
+        heads=[32],
+        reruns=3,
+        seed=0,
+        prefill=[(64, 16)],
+        small=True,
+        groups=[2],
+        mqa_prefill=[(300, 90), (16, 200)],
+        mqa_chunked=(400, 100),
+    )
     suite = parity.Suite(settings)
     suite.module = paged_stand_in(suite.module)
     suite.kernel = suite.module.bf16_paged_mqa_logits
@@ -371,8 +397,15 @@ def _harness_suite(faults: tuple[str, ...] = ()):  # type: ignore[no-untyped-def
     return suite
 
 
-MQA_CHECKS = ("check_mqa_chunk_boundaries", "check_mqa_ks_window", "check_mqa_empty_rows", "check_mqa_input_forms",
-              "check_mqa_configs", "check_mqa_reruns", "check_mqa_vs_paged")
+MQA_CHECKS = (
+    "check_mqa_chunk_boundaries",
+    "check_mqa_ks_window",
+    "check_mqa_empty_rows",
+    "check_mqa_input_forms",
+    "check_mqa_configs",
+    "check_mqa_reruns",
+    "check_mqa_vs_paged",
+)
 
 
 def test_prefill_kernel_checks_pass_a_kernel_that_keeps_its_contract() -> None:
@@ -390,16 +423,21 @@ def test_prefill_kernel_checks_pass_a_kernel_that_keeps_its_contract() -> None:
     assert results["check_mqa_empty_rows"].details["empty_rows"] > 0
 
 
-@pytest.mark.parametrize("fault, caught_by", [
-    ("one_key_past_ke", "check_mqa_chunk_boundaries"),
-    ("writes_everywhere", "check_mqa_empty_rows"),
-    ("ignores_ks", "check_mqa_ks_window"),
-])
+@pytest.mark.parametrize(
+    "fault, caught_by",
+    [
+        ("one_key_past_ke", "check_mqa_chunk_boundaries"),
+        ("writes_everywhere", "check_mqa_empty_rows"),
+        ("ignores_ks", "check_mqa_ks_window"),
+    ],
+)
 def test_prefill_kernel_checks_catch_a_kernel_that_breaks_it(fault: str, caught_by: str) -> None:
     _upstream("kernel")
     suite = _harness_suite((fault,))
     assert getattr(suite, caught_by)().status.value == "fail"
-    assert suite.check_mqa_oracle(torch.bfloat16, 32).status.value == ("pass" if fault == "ignores_ks" else "fail")
+    assert suite.check_mqa_oracle(torch.bfloat16, 32).status.value == (
+        "pass" if fault == "ignores_ks" else "fail"
+    )
 
 
 def test_prefill_floors_by_hand() -> None:
@@ -413,7 +451,9 @@ def test_prefill_floors_by_hand() -> None:
     assert f["fp8_nonpaged_bytes"] == q + 3 * 4 * 132 + 4 * 10
     assert f["bf16_bytes"] == q + 4 * 256 + 4 * 10
     assert f["fp8_nonpaged_compute_ms"] == pytest.approx(flops / FP8_PEAK_FLOPS * 1e3)
-    assert f["bf16_compute_ms"] == pytest.approx(2 * f["fp8_nonpaged_compute_ms"] * FP8_PEAK_FLOPS / BF16_PEAK_FLOPS / 2)
+    assert f["bf16_compute_ms"] == pytest.approx(
+        2 * f["fp8_nonpaged_compute_ms"] * FP8_PEAK_FLOPS / BF16_PEAK_FLOPS / 2
+    )
     assert f["fp8_nonpaged_ms"] == max(f["fp8_nonpaged_memory_ms"], f["fp8_nonpaged_compute_ms"])
     # A 128K-token prefill is compute bound: the floor is the MMA work, not the bytes.
     big = prefill_floors([max(1, (p + 1) // 4) for p in range(131072)], keys=32768, heads=64)
@@ -427,7 +467,9 @@ def test_verify_rows_share_the_request_table() -> None:
     base = make_read_case([200, 64, 1], heads=32, seed=3)
     rows = expand_to_verify_rows(base, 2, seed=4)
     assert rows.rows == 6 and rows.pool is base.pool
-    assert torch.equal(rows.page_table[0::2], base.page_table) and torch.equal(rows.page_table[1::2], base.page_table)
+    assert torch.equal(rows.page_table[0::2], base.page_table) and torch.equal(
+        rows.page_table[1::2], base.page_table
+    )
     assert rows.seq_lens.tolist() == [199, 200, 63, 64, 1, 1]  # causal, a key per 4 tokens
 
 
@@ -477,15 +519,18 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
     args.prefill_configs = ["block_r=32", "num_warps=4"]
     args.dense_bf16_tflops = 700.0
     monkeypatch.setattr(sc, "INDEX_TOPK", 16)  # rows of at most 16 keys get empty ranges (512 on a server)
-    long = sc.run_long_prefill(192, module, args, run_once, device="cpu", chunk_bytes=60 * 128 * 4,
-                               prefill_module=prefill)
+    long = sc.run_long_prefill(
+        192, module, args, run_once, device="cpu", chunk_bytes=60 * 128 * 4, prefill_module=prefill
+    )
     assert long.dispatch_arm == "bf16_prefill" and {"bf16", "bf16_prefill", "fp8_twin"} <= set(long.arms)
     assert not any("grouped" in a for a in long.arms)
     assert long.arms["tilelang"]["ms"] is None and "not run" in long.arms["tilelang"]["error"]
     assert [t["config"]["block_r"] for t in long.prefill_sweep] == [32, 64], long.prefill_sweep
     assert all(t["ms"] for t in long.prefill_sweep), long.prefill_sweep
     d = long.derived()
-    assert d["bf16_prefill_tflops"] == pytest.approx(long.floors["flops"] / (long.arms["bf16_prefill"]["ms"] * 1e-3) / 1e12)
+    assert d["bf16_prefill_tflops"] == pytest.approx(
+        long.floors["flops"] / (long.arms["bf16_prefill"]["ms"] * 1e-3) / 1e12
+    )
     assert d["bf16_prefill_pct_of_dense_bf16"] == pytest.approx(100 * d["bf16_prefill_tflops"] / 700.0)
     assert "ratio_dispatch_over_fp8_twin" in d and long.floors["fp8_nonpaged_ms"] > 0
     # rows of at most 512 keys get empty ranges, as upstream's plan gives them: fewer FLOPs dispatched
@@ -494,10 +539,16 @@ def test_bench_scenarios_run_on_cpu(tmp_path, monkeypatch) -> None:  # type: ign
     assert "sweep block_r=32" in table and "req x" in sc.mtp_table([mtp])
     # The targets, from the one evaluator over what the run writes: the MTP one and, before the
     # prefill kernel, the old long-prefill one; 192 tokens is no target length of the prefill kernel.
-    before = evaluate(json.loads(bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [old]).read_text()))
+    before = evaluate(
+        json.loads(bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [old]).read_text())
+    )
     assert any(line.startswith("MTP verify (grouped) <= 1.15x one row per request: ") for line in before)
-    assert any(line.startswith("long prefill within 1.2x of upstream's fp8 prefill path: ") for line in before)
-    after = evaluate(json.loads(bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [long]).read_text()))
+    assert any(
+        line.startswith("long prefill within 1.2x of upstream's fp8 prefill path: ") for line in before
+    )
+    after = evaluate(
+        json.loads(bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [long]).read_text())
+    )
     assert not any("TFLOP/s effective" in line or "vs DeepGEMM" in line for line in after)
     bench.write_outputs(tmp_path, {"gpu": "test"}, [], [mtp], [long])
     assert (tmp_path / "bench_mtp.csv").read_text().count("\n") == 2
@@ -535,7 +586,9 @@ def test_grouped_sweep_configs_are_length_aware_and_fit() -> None:
                 assert c.length_aware and c.split_n == 0 and c.max_split_n == default.max_split_n
                 assert c.num_stages * c.block_n * 256 + columns * 64 * 128 * 2 <= SMEM_LIMIT
     # four rows of 64 heads: a 64 KB query tile leaves no room for 128-key tiles 5 deep
-    assert not any(c.block_n == 128 and c.num_stages >= 5 for c in grouped_sweep_configs(module, 4, 64, "full"))
+    assert not any(
+        c.block_n == 128 and c.num_stages >= 5 for c in grouped_sweep_configs(module, 4, 64, "full")
+    )
     assert any(c.block_n == 128 and c.num_stages == 5 for c in grouped_sweep_configs(module, 2, 64, "full"))
 
     # a kernel module whose grouped default differs (another series): the sweep is built on it

@@ -126,10 +126,21 @@ def replay_on_cpu(path: Path, out: Path, env: dict[str, str]) -> subprocess.Comp
     """Scores a capture file with tier 2's replay mode on the CPU backend, results in ``out``.
     Exit 0 or 1 is the recall gate's verdict (the caller checks it); anything else fails here."""
     rp = run(
-        [sys.executable, "-m", "verify.recall", "--replay", str(path), "--backend", "cpu",
-         "--out", str(out), "--no-plots", "--quiet"],
+        [
+            sys.executable,
+            "-m",
+            "verify.recall",
+            "--replay",
+            str(path),
+            "--backend",
+            "cpu",
+            "--out",
+            str(out),
+            "--no-plots",
+            "--quiet",
+        ],
         env,
-    )  # fmt: skip
+    )
     assert rp.returncode in (0, 1), rp.stdout[-2000:] + rp.stderr[-4000:]
     return rp
 

@@ -94,15 +94,21 @@ def test_the_fp4_q_emulation_follows_the_pinned_q_kernels_source():
     without a q scale."""
     _sglang()
     src = (U.sglang_root() / "kernels/jit/csrc/deepseek_v4/main_norm_rope.cuh").read_text()
-    quant = src[src.index("uint8_t quant_fp4_e2m1(float x)"):]
+    quant = src[src.index("uint8_t quant_fp4_e2m1(float x)") :]
     quant = quant[: quant.index("}")]
-    assert tuple(float(t) for t in re.findall(r"idx \+= ax > ([\d.]+)f;", quant)) == F.E2M1_UPSTREAM_THRESHOLDS
-    kernel = src[src.index("fused_q_indexer_rope_hadamard_fp4_quant(const"):]
+    assert (
+        tuple(float(t) for t in re.findall(r"idx \+= ax > ([\d.]+)f;", quant)) == F.E2M1_UPSTREAM_THRESHOLDS
+    )
+    kernel = src[src.index("fused_q_indexer_rope_hadamard_fp4_quant(const") :]
     kernel = kernel[: kernel.index("struct FusedQIndexerRopeHadamardFp4QuantKernel")]
-    assert "fmaxf(1e-4f, local_max) / 6.0f" in kernel and "warp::reduce_max<8>" in kernel  # 8 lanes x 4 = 32 values
+    assert (
+        "fmaxf(1e-4f, local_max) / 6.0f" in kernel and "warp::reduce_max<8>" in kernel
+    )  # 8 lanes x 4 = 32 values
     after_hadamard = kernel.split("data[i] *= kHadamardScale;")[1]
-    assert after_hadamard.lstrip().startswith("#pragma unroll\n    for (int i = 0; i < kVecSize; ++i)\n"
-                                              "      data[i] = cast<float>(cast<DType>(data[i]));")
+    assert after_hadamard.lstrip().startswith(
+        "#pragma unroll\n    for (int i = 0; i < kVecSize; ++i)\n"
+        "      data[i] = cast<float>(cast<DType>(data[i]));"
+    )
     assert "params.weights_out[work_id] = weight_val * params.weight_scale;" in kernel
     # and the emulation on a q whose blocks sit on the ties (amax 6 -> scale 1)
     q = torch.tensor(TIES + [6.0] * 25).repeat(4).view(1, 1, 128)
@@ -150,4 +156,6 @@ def test_upstreams_fp4_and_the_reference_round_a_few_values_differently():
     assert 0.001 < diff["key_values_rounded_differently"] < 0.02
     exact = F.fp4_sim(keys).to(torch.bfloat16).float()  # values both grids hold: no difference
     assert fp4_rule_differences(F.fp4_reference(q), exact) == {
-        "q_values_rounded_differently": 0.0, "key_values_rounded_differently": 0.0}
+        "q_values_rounded_differently": 0.0,
+        "key_values_rounded_differently": 0.0,
+    }

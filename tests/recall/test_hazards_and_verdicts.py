@@ -33,7 +33,10 @@ def _scorer_case(backend, score=None, select=None):
         "fp8",
         store=lambda pool, slots, keys: backend.store("fp8", pool, slots, keys),
         new_pool=lambda n: backend.new_pool("fp8", n),
-        score=score or (lambda pool, q8, w, seq, pt: backend.score("fp8", pool, q8, w, torch.arange(q8.shape[0]), seq, pt)),
+        score=score
+        or (
+            lambda pool, q8, w, seq, pt: backend.score("fp8", pool, q8, w, torch.arange(q8.shape[0]), seq, pt)
+        ),
         select=select or backend.select,
         quantize_q=lambda q, w: diagnose.F.quantize_q(q, w, 1.0),
         device=CPU,
@@ -64,15 +67,26 @@ def test_verdict_per_component_on_cpu_is_emulated_never_pass():
     assert "pass" not in status.values()
     assert status["fp8 index-K store"] == "emulated"
     assert status["CUDA-graph capture / replay"] == "not run"
-    assert lines[-1].status == "unsettled" and "python -m verify.forward --platform auto" in lines[-1].evidence
+    assert (
+        lines[-1].status == "unsettled" and "python -m verify.forward --platform auto" in lines[-1].evidence
+    )
 
 
 def test_verdict_takes_the_forward_tier():
     backend = EmulationBackend(device=CPU)
     diag = diagnose.run(backend)
-    step = {"profile": "sm90", "arm": "fp8/fused", "status": "fail", "run": "eager", "scenario": "chunked",
-            "keys": [{"ok": False}], "detail": "x"}
-    lines = component_verdicts("sm90", diag, backend.paths, {"steps": [step], "baseline": {}}, local=P.local_profile())
+    step = {
+        "profile": "sm90",
+        "arm": "fp8/fused",
+        "status": "fail",
+        "run": "eager",
+        "scenario": "chunked",
+        "keys": [{"ok": False}],
+        "detail": "x",
+    }
+    lines = component_verdicts(
+        "sm90", diag, backend.paths, {"steps": [step], "baseline": {}}, local=P.local_profile()
+    )
     by = {line.component.split(" (")[0]: line for line in lines}
     assert by["fp8 index-K store"].status == "fail" and by["fp8 forward"].status == "fail"
 
@@ -99,16 +113,23 @@ def test_a_topk_that_drops_a_top_key_is_caught_and_blamed():
 
     def drops_best(lg, seq, pt, k):
         sel = backend.select(lg, seq, pt, k).clone()
-        valid = lg.nan_to_num(float("-inf")).masked_fill(torch.arange(lg.shape[1]) >= seq.unsqueeze(1), float("-inf"))
+        valid = lg.nan_to_num(float("-inf")).masked_fill(
+            torch.arange(lg.shape[1]) >= seq.unsqueeze(1), float("-inf")
+        )
         worst = valid.masked_fill(torch.isinf(valid), float("inf")).argmin(1)
         best = valid.argmax(1)
         long_rows = seq > 2 * k
-        sel[long_rows] = torch.where(sel[long_rows] == best[long_rows].unsqueeze(1), worst[long_rows].unsqueeze(1).to(sel.dtype),
-                                     sel[long_rows])
+        sel[long_rows] = torch.where(
+            sel[long_rows] == best[long_rows].unsqueeze(1),
+            worst[long_rows].unsqueeze(1).to(sel.dtype),
+            sel[long_rows],
+        )
         return sel
 
     res = _scorer_case(backend, select=drops_best)
-    assert not res["ok"] and res["topk_recall_on_its_logits_min"] < 1.0 and "FAULT in the top-k" in res["detail"]
+    assert (
+        not res["ok"] and res["topk_recall_on_its_logits_min"] < 1.0 and "FAULT in the top-k" in res["detail"]
+    )
 
 
 def test_scorer_determinism_reads_only_the_columns_the_topk_reads():
@@ -126,7 +147,9 @@ def test_scorer_determinism_reads_only_the_columns_the_topk_reads():
         return torch.where(past, torch.full_like(lg, float(calls["n"])), lg)
 
     res = diagnose.check_scorer("fp8", "garbage past", garbage_past, case, True)
-    assert res.status == "pass" and res.numbers["deterministic"] and not res.numbers["deterministic_past_len"], res.detail
+    assert (
+        res.status == "pass" and res.numbers["deterministic"] and not res.numbers["deterministic_past_len"]
+    ), res.detail
 
     def flaky(pool, q8, w, seq, pt):
         lg = base(pool, q8, w, seq, pt).clone()
@@ -135,7 +158,9 @@ def test_scorer_determinism_reads_only_the_columns_the_topk_reads():
         return lg
 
     res = diagnose.check_scorer("fp8", "flaky", flaky, case, True)
-    assert res.status == "fail" and not res.numbers["deterministic"] and "DIFFER on valid columns" in res.detail
+    assert (
+        res.status == "fail" and not res.numbers["deterministic"] and "DIFFER on valid columns" in res.detail
+    )
 
 
 def test_other_scorers_are_reported_as_other_never_as_the_platforms_scorer():
@@ -144,7 +169,9 @@ def test_other_scorers_are_reported_as_other_never_as_the_platforms_scorer():
     backend = EmulationBackend(device=CPU)
     checks = diagnose.other_scorer_checks(backend, diagnose.score_case(CPU, 256))
     torch_fallbacks = [c for c in checks if "fp8_paged_mqa_logits_torch" in c.kernel]
-    assert torch_fallbacks and all(c.status in ("pass", "fail") for c in torch_fallbacks), [c.detail for c in checks]
+    assert torch_fallbacks and all(c.status in ("pass", "fail") for c in torch_fallbacks), [
+        c.detail for c in checks
+    ]
     assert {c.name for c in checks} <= {"other fp8 scorer", "other fp8 scorer then top-k (hazards)"}
     assert all(not c.fp8_path for c in checks)
 
@@ -158,13 +185,24 @@ def test_the_h200_torch_fallback_near_tie_is_reproduced_here_and_passes_the_scor
     import json
     from pathlib import Path
 
-    recorded = json.loads((Path(__file__).resolve().parents[2] / "verify/results/h200/diagnose/sm120/diagnosis.json").read_text())
-    gpu = {c["kernel"]: c["numbers"] for c in recorded["diagnosis"]["checks"]
-           if c["name"] == "other fp8 scorer then top-k (hazards)" and "fp8_paged_mqa_logits_torch" in c["kernel"]}
+    recorded = json.loads(
+        (
+            Path(__file__).resolve().parents[2] / "verify/results/h200/diagnose/sm120/diagnosis.json"
+        ).read_text()
+    )
+    gpu = {
+        c["kernel"]: c["numbers"]
+        for c in recorded["diagnosis"]["checks"]
+        if c["name"] == "other fp8 scorer then top-k (hazards)"
+        and "fp8_paged_mqa_logits_torch" in c["kernel"]
+    }
     assert gpu, "the committed H200 diagnosis lost its torch-fallback hazard checks"
     backend = EmulationBackend(device=CPU)
-    here = {c.kernel: c for c in diagnose.other_scorer_checks(backend, diagnose.score_case(CPU, 256))
-            if c.name == "other fp8 scorer then top-k (hazards)"}
+    here = {
+        c.kernel: c
+        for c in diagnose.other_scorer_checks(backend, diagnose.score_case(CPU, 256))
+        if c.name == "other fp8 scorer then top-k (hazards)"
+    }
     for kernel, numbers in gpu.items():
         got = here[kernel]
         assert got.status == "pass", got.detail
@@ -186,8 +224,16 @@ def test_committed_diagnosis_is_its_measured_checks_folded_with_the_committed_fo
     committed = json.loads((root / f"verify/results/h200/diagnose/{profile}/diagnosis.json").read_text())
     how = committed["refolded"]
     assert how["forward_from"], "folded with no forward run"
-    code = diagnose.main(["--refold", str(root / how["checks_from"]), "--forward",
-                          *[str(root / f) for f in how["forward_from"]], "--out", str(tmp_path)])
+    code = diagnose.main(
+        [
+            "--refold",
+            str(root / how["checks_from"]),
+            "--forward",
+            *[str(root / f) for f in how["forward_from"]],
+            "--out",
+            str(tmp_path),
+        ]
+    )
     again = json.loads((tmp_path / "diagnosis.json").read_text())
     assert again["components"] == committed["components"]
     assert code == (1 if any(c["status"] == "fail" for c in committed["components"]) else 0)
@@ -196,7 +242,10 @@ def test_committed_diagnosis_is_its_measured_checks_folded_with_the_committed_fo
 def test_unsettled_says_what_stood_in_for_deepgemm():
     from verify.recall.verdicts import unsettled
 
-    twin = unsettled("sm100", "verify.core.fp8_twin.fp8_paged_mqa_logits_twin standing in for deep_gemm.fp8_paged_mqa_logits")
+    twin = unsettled(
+        "sm100",
+        "verify.core.fp8_twin.fp8_paged_mqa_logits_twin standing in for deep_gemm.fp8_paged_mqa_logits",
+    )
     real = unsettled("sm100", "deep_gemm.fp8_paged_mqa_logits")
     assert "a Triton twin stood in here" in twin and "twin" not in real
     assert "DeepGEMM's sm_90 build ran here in its place" in real

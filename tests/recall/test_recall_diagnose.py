@@ -15,7 +15,14 @@ def _checks(faults=()):
 def test_emulation_passes_and_says_so():
     d, checks = _checks()
     assert d.emulated
-    for name in ("fp8 index-K store", "bf16 index-K store", "fp8 q quantization", "fp8 scorer", "bf16 scorer", "top-k selection"):
+    for name in (
+        "fp8 index-K store",
+        "bf16 index-K store",
+        "fp8 q quantization",
+        "fp8 scorer",
+        "bf16 scorer",
+        "top-k selection",
+    ):
         assert checks[name].status == "pass", (name, checks[name].detail)
     assert checks["fp8 scorer"].numbers["calc_diff"] < diagnose.SCORER_BOUND
     assert d.verdict.startswith("CPU emulation only") and "fp8 path correct" in d.verdict

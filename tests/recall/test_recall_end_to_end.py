@@ -8,7 +8,19 @@ import pytest
 
 from verify.recall.cli import main
 
-SMALL = ["--backend", "cpu", "--lengths", "338", "4509", "--topk", "512", "--margins", "0.01", "0.2", "--quiet"]
+SMALL = [
+    "--backend",
+    "cpu",
+    "--lengths",
+    "338",
+    "4509",
+    "--topk",
+    "512",
+    "--margins",
+    "0.01",
+    "0.2",
+    "--quiet",
+]
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +33,25 @@ def good(tmp_path_factory):
 def test_outputs_and_gate_pass(good):
     rc, out = good
     assert rc == 0
-    for name in ("results.json", "results.csv", "cells.csv", "summary.md", "heatmap_bf16.png", "heatmap_fp8.png", "heatmap_fp4sim.png"):
+    for name in (
+        "results.json",
+        "results.csv",
+        "cells.csv",
+        "summary.md",
+        "heatmap_bf16.png",
+        "heatmap_fp8.png",
+        "heatmap_fp4sim.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     res = json.loads((out / "results.json").read_text())
     assert res["gate"]["passed"] is True
     assert res["config"]["arms"] == ["bf16", "fp8", "fp4", "fp4sim", "bf16q", "int8sim", "fp8b32sim"]
     assert res["backend"]["paths"]["score_fp8"].startswith("emulation")
     assert res["versions"]["torch"]
-    assert res["diagnosis"]["verdict"].startswith("CPU emulation only") and "fp8 path correct, loses" in res["diagnosis"]["verdict"]
+    assert (
+        res["diagnosis"]["verdict"].startswith("CPU emulation only")
+        and "fp8 path correct, loses" in res["diagnosis"]["verdict"]
+    )
     with (out / "results.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert {r["arm"] for r in rows} == {"bf16", "fp8", "fp4", "fp4sim", "bf16q", "int8sim", "fp8b32sim"}
@@ -37,12 +60,17 @@ def test_outputs_and_gate_pass(good):
     assert "**PASS**" in summary and "## Diagnosis" in summary and "| 4,509 |" in summary
     # the gate names its oracle; the exact-q one is reported beside it, with its own table
     assert "Against the same-q oracle" in summary and "against the exact-q oracle" in summary
-    assert "same-q oracle / exact-q oracle / reference oracle" in summary and "None of these is model quality" in summary
+    assert (
+        "same-q oracle / exact-q oracle / reference oracle" in summary
+        and "None of these is model quality" in summary
+    )
     assert res["gate"]["oracle"].startswith("same-q") and res["gate_exact_q"]["oracle"].startswith("exact-q")
     (out / "heatmap_fp8.png").unlink()
     from verify.recall.report import main as replot
 
-    assert replot([str(out)]) == 0 and (out / "heatmap_fp8.png").stat().st_size > 0  # redrawn from results.json
+    assert (
+        replot([str(out)]) == 0 and (out / "heatmap_fp8.png").stat().st_size > 0
+    )  # redrawn from results.json
     by = {(e["arm"], e["length_tokens"]): e for e in res["per_length"]}
     assert by[("bf16", 338)]["recall_tie"]["mean"] == 1.0  # 84 keys < top-512: everything selected
     assert by[("bf16", 4509)]["loss"] < 0.25 * by[("fp8", 4509)]["loss"]
@@ -64,11 +92,16 @@ def test_outputs_and_gate_pass(good):
     diag = res["diagnosis"]["oracle_recall"]
     assert diag["reference"]["reference"] == 1.0 and set(diag) == {"same-q", "exact-q", "reference"}
     rounding = res["per_problem"][1]["fp4_upstream_vs_reference_rounding"]
-    assert 0 < rounding["q_values_rounded_differently"] < 0.02 and 0 < rounding["key_values_rounded_differently"] < 0.02
+    assert (
+        0 < rounding["q_values_rounded_differently"] < 0.02
+        and 0 < rounding["key_values_rounded_differently"] < 0.02
+    )
 
 
 def test_broken_bf16_slot_mapping_fails_the_gate(tmp_path):
-    rc = main(["--out", str(tmp_path), *SMALL, "--no-plots", "--no-diagnose", "--inject-fault", "bf16-slot-shift"])
+    rc = main(
+        ["--out", str(tmp_path), *SMALL, "--no-plots", "--no-diagnose", "--inject-fault", "bf16-slot-shift"]
+    )
     assert rc == 1
     res = json.loads((tmp_path / "results.json").read_text())
     failed = {c["name"] for c in res["gate"]["conditions"] if not c["passed"]}
@@ -76,11 +109,30 @@ def test_broken_bf16_slot_mapping_fails_the_gate(tmp_path):
 
 
 def test_fp8_layout_bug_is_diagnosed(tmp_path):
-    rc = main(["--out", str(tmp_path), "--backend", "cpu", "--lengths", "4509", "--topk", "512", "--margins", "0.2",
-               "--quiet", "--no-plots", "--inject-fault", "fp8-interleaved"])
+    rc = main(
+        [
+            "--out",
+            str(tmp_path),
+            "--backend",
+            "cpu",
+            "--lengths",
+            "4509",
+            "--topk",
+            "512",
+            "--margins",
+            "0.2",
+            "--quiet",
+            "--no-plots",
+            "--inject-fault",
+            "fp8-interleaved",
+        ]
+    )
     assert rc == 0  # bf16 is still fine; the fp8 arm is reported, not gated
     res = json.loads((tmp_path / "results.json").read_text())
     verdict = res["diagnosis"]["verdict"]
-    assert verdict.startswith("fp8 path disagrees with its own oracle: bug in") and "fused_store_cache" in verdict
+    assert (
+        verdict.startswith("fp8 path disagrees with its own oracle: bug in")
+        and "fused_store_cache" in verdict
+    )
     store = next(c for c in res["diagnosis"]["checks"] if c["name"] == "fp8 index-K store")
     assert store["status"] == "fail" and "TOKEN-INTERLEAVED" in store["detail"]

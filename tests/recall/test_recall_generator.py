@@ -23,13 +23,25 @@ def test_same_seed_same_tensors():
     b = build_planted(2048, PLAN, GenConfig(seed=5), BE.quantize_q)
     for name in ("keys_ref", "page_table", "seq_lens", "needle_pos", "written_slots", "q_index"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
-    assert torch.equal(a.queries.q_pre, b.queries.q_pre) and torch.equal(a.q_fp8.view(torch.uint8), b.q_fp8.view(torch.uint8))
+    assert torch.equal(a.queries.q_pre, b.queries.q_pre) and torch.equal(
+        a.q_fp8.view(torch.uint8), b.q_fp8.view(torch.uint8)
+    )
     assert a.rows == b.rows
     c = build_problem(2048, PLAN, GenConfig(seed=6))
     assert not torch.equal(a.queries.q_pre, c.queries.q_pre)
 
 
-@pytest.mark.parametrize("depth,residue,n,want", [(0.0, 0, 100, 0), (0.0, 3, 100, 3), (1.0, 3, 100, 99), (1.0, 0, 100, 96), (0.5, 1, 101, 49), (0.5, 2, 101, 50)])
+@pytest.mark.parametrize(
+    "depth,residue,n,want",
+    [
+        (0.0, 0, 100, 0),
+        (0.0, 3, 100, 3),
+        (1.0, 3, 100, 99),
+        (1.0, 0, 100, 96),
+        (0.5, 1, 101, 49),
+        (0.5, 2, 101, 50),
+    ],
+)
 def test_needle_position(depth, residue, n, want):
     assert needle_position(depth, residue, n) == want
 
@@ -59,7 +71,9 @@ def test_pages_private_and_poisoned(planted):
 
 
 def _oracle_metrics(p):
-    oracle = grouped_row_logits(SlotKeys(p.keys_ref), p.q_fp8.float(), p.w, p.q_index, p.page_table, p.seq_lens)
+    oracle = grouped_row_logits(
+        SlotKeys(p.keys_ref), p.q_fp8.float(), p.w, p.q_index, p.page_table, p.seq_lens
+    )
     sel = torch.full((p.num_rows, 512), -1)
     return row_metrics(oracle, p.seq_lens, 512, sel, p.needle_pos)
 

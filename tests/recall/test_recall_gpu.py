@@ -11,7 +11,10 @@ import json
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the patched upstream tree")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the patched upstream tree"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +44,18 @@ def test_bf16_scorer_against_oracle(backend):
     if "FALLBACK" in backend.paths["score_bf16"]:
         pytest.skip(backend.paths["score_bf16"])
     case = diagnose.score_case(backend.device, 8192)
-    chk = diagnose.check_scorer("bf16", backend.paths["score_bf16"], diagnose.backend_score_fn(backend, "bf16"), case, False)
+    chk = diagnose.check_scorer(
+        "bf16", backend.paths["score_bf16"], diagnose.backend_score_fn(backend, "bf16"), case, False
+    )
     assert chk.status == "pass", chk.detail
 
 
 def test_short_tier2_run(tmp_path):
     from verify.recall.cli import main
 
-    rc = main(["--out", str(tmp_path), "--backend", "gpu", "--lengths", "4509", "22597", "--quiet", "--no-plots"])
+    rc = main(
+        ["--out", str(tmp_path), "--backend", "gpu", "--lengths", "4509", "22597", "--quiet", "--no-plots"]
+    )
     res = json.loads((tmp_path / "results.json").read_text())
     assert rc == 0, res["gate"]
     assert "fp8 path" in res["diagnosis"]["verdict"]

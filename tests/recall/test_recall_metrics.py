@@ -86,8 +86,26 @@ def test_summarize_and_aggregate():
     assert s["n"] == 3 and s["min"] == 0.5 and s["mean"] == pytest.approx(0.75)
     assert 0.5 <= s["p1"] < 0.52
     recs = [
-        {"arm": "a", "topk": 1, "recall_tie": 1.0, "recall_strict": 1.0, "mass": 1.0, "needle_pos": 3, "needle_hit": 1.0, "gated": 1.0},
-        {"arm": "a", "topk": 1, "recall_tie": 0.5, "recall_strict": 0.5, "mass": 0.9, "needle_pos": 3, "needle_hit": 0.0, "gated": 0.0},
+        {
+            "arm": "a",
+            "topk": 1,
+            "recall_tie": 1.0,
+            "recall_strict": 1.0,
+            "mass": 1.0,
+            "needle_pos": 3,
+            "needle_hit": 1.0,
+            "gated": 1.0,
+        },
+        {
+            "arm": "a",
+            "topk": 1,
+            "recall_tie": 0.5,
+            "recall_strict": 0.5,
+            "mass": 0.9,
+            "needle_pos": 3,
+            "needle_hit": 0.0,
+            "gated": 0.0,
+        },
     ]
     (agg,) = aggregate(recs, ["topk"])
     assert agg["rows"] == 2 and agg["loss"] == pytest.approx(0.25)
@@ -95,8 +113,19 @@ def test_summarize_and_aggregate():
 
 
 def _rec(arm, recall, depth=0.5, length=4509, gated=0.0, hit=1.0):
-    return {"arm": arm, "topk": 512, "length_tokens": length, "depth": depth, "recall_tie": recall,
-            "recall_strict": recall, "mass": 1.0, "needle_pos": 10, "needle_hit": hit, "gated": gated, "row": 0}
+    return {
+        "arm": arm,
+        "topk": 512,
+        "length_tokens": length,
+        "depth": depth,
+        "recall_tie": recall,
+        "recall_strict": recall,
+        "mass": 1.0,
+        "needle_pos": 10,
+        "needle_hit": hit,
+        "gated": gated,
+        "row": 0,
+    }
 
 
 def test_gate_conditions():
@@ -104,7 +133,9 @@ def test_gate_conditions():
     assert evaluate(ok).passed
     ratio = evaluate([_rec("bf16", 0.995), _rec("fp8", 0.99)])  # loss 0.005 > 0.25 * 0.01
     assert not ratio.passed and [c.name for c in ratio.conditions if not c.passed] == ["loss_ratio"]
-    cell = evaluate([_rec("bf16", 1.0, 0.0), _rec("fp8", 0.98, 0.0), _rec("bf16", 0.97, 1.0), _rec("fp8", 0.98, 1.0)])
+    cell = evaluate(
+        [_rec("bf16", 1.0, 0.0), _rec("fp8", 0.98, 0.0), _rec("bf16", 0.97, 1.0), _rec("fp8", 0.98, 1.0)]
+    )
     assert "cells" in [c.name for c in cell.conditions if not c.passed]
     needle = evaluate([_rec("bf16", 1.0, gated=1.0, hit=0.0), _rec("fp8", 0.9)])
     assert [c.name for c in needle.conditions if not c.passed] == ["needle"]

@@ -46,8 +46,16 @@ def test_validation_names_the_field(problem, tmp_path):
     with pytest.raises(ValueError, match="index_k_pages rows must be 16384 B"):
         validate(cap)
     with pytest.raises(ValueError, match="index_k_format"):
-        write_capture(tmp_path / "bad.pt", q=cap.q, weights=cap.weights, index_k_pages=cap.index_k_pages,
-                      page_table=cap.page_table, seq_lens=cap.seq_lens, index_k_format="fp16", index_topk=512)
+        write_capture(
+            tmp_path / "bad.pt",
+            q=cap.q,
+            weights=cap.weights,
+            index_k_pages=cap.index_k_pages,
+            page_table=cap.page_table,
+            seq_lens=cap.seq_lens,
+            index_k_format="fp16",
+            index_topk=512,
+        )
     payload = torch.load(path, weights_only=True)
     payload["version"] = 2
     torch.save(payload, tmp_path / "v2.pt")
@@ -75,7 +83,19 @@ def test_replay_equals_direct_run(problem, tmp_path):
 
 def test_cli_replays_an_fp8_capture(problem, tmp_path):
     path = capture_from_problem(problem, tmp_path / "cap8.pt", "fp8", with_ref=False)
-    rc = main(["--out", str(tmp_path / "out"), "--backend", "cpu", "--replay", str(path), "--quiet", "--no-plots", "--no-diagnose"])
+    rc = main(
+        [
+            "--out",
+            str(tmp_path / "out"),
+            "--backend",
+            "cpu",
+            "--replay",
+            str(path),
+            "--quiet",
+            "--no-plots",
+            "--no-diagnose",
+        ]
+    )
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert rc in (0, 1) and res["config"]["arms"][-1] == "captured"
     with (tmp_path / "out" / "results.csv").open() as fh:

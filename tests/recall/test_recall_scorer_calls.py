@@ -31,15 +31,17 @@ def _tree():
     return None
 
 
-@pytest.mark.skipif(_tree() is None, reason="no upstream source tree (set VERIFY_SGLANG_TREE or apply the submodule)")
+@pytest.mark.skipif(
+    _tree() is None, reason="no upstream source tree (set VERIFY_SGLANG_TREE or apply the submodule)"
+)
 def test_upstream_torch_fallback_matches_its_emulation():
     got = U.fp8_torch_scorer(_tree())
     assert isinstance(got, U.Found), got
     case = diagnose.score_case(torch.device("cpu"), 1024)
     real = diagnose.scorer_fn(got, "fp8")(case.pool["fp8"], case.q8, case.w, case.seq_lens, case.page_table)
-    emu = diagnose.backend_score_fn(EmulationBackend(device=torch.device("cpu"), fp8_scorer="fp8-torch"), "fp8")(
-        case.pool["fp8"], case.q8, case.w, case.seq_lens, case.page_table
-    )
+    emu = diagnose.backend_score_fn(
+        EmulationBackend(device=torch.device("cpu"), fp8_scorer="fp8-torch"), "fp8"
+    )(case.pool["fp8"], case.q8, case.w, case.seq_lens, case.page_table)
     valid = torch.isfinite(emu)
     assert diagnose.calc_diff(real[valid], emu[valid]) < 1e-9
     assert bool((real[~valid] == 0).all())  # upstream's fallback leaves 0 past seq_len (clean_logits=False)
@@ -62,7 +64,15 @@ print("RESULT " + json.dumps({"status": chk.status, "detail": chk.detail}))
 @pytest.mark.skipif(not (REPO / "verify/core/fp8_twin.py").exists(), reason="verify/core/fp8_twin.py absent")
 def test_triton_fp8_twin_interpreted():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", TWIN_PROBE], check=False, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", TWIN_PROBE],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
     assert line is not None, proc.stderr[-2000:]
     res = json.loads(line[7:])

@@ -19,8 +19,10 @@ def test_tilelang_sm120_source_is_the_mma_sync_variant_of_sm90():
     assert info["sm_90a"]["wgmma"]  # Hopper's default build is a different kernel
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and not __import__("os").path.exists("/usr/local/cuda/bin/nvcc"),
-                    reason="needs nvcc")
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None and not __import__("os").path.exists("/usr/local/cuda/bin/nvcc"),
+    reason="needs nvcc",
+)
 def test_topk_v1_built_for_both_targets(tmp_path):
     res = sm120.compare_builds("top-k v1", tmp_path)
     assert res["source_lines"]["sm_90a"] > 100
@@ -31,7 +33,10 @@ def test_topk_v1_built_for_both_targets(tmp_path):
 
 
 def test_arch_conditions_evaluate_per_target():
-    assert sm120._eval_condition("SGL_CUDA_ARCH >= 1000 && SGL_CUDA_ARCH < 1100", sm120.ARCH_MACROS["sm_120f"]) is False
+    assert (
+        sm120._eval_condition("SGL_CUDA_ARCH >= 1000 && SGL_CUDA_ARCH < 1100", sm120.ARCH_MACROS["sm_120f"])
+        is False
+    )
     assert sm120._eval_condition("SGL_ARCH_BLACKWELL_OR_GREATER", sm120.ARCH_MACROS["sm_120f"]) is True
     assert sm120._eval_condition("SGL_ARCH_BLACKWELL_OR_GREATER", sm120.ARCH_MACROS["sm_90a"]) is False
     assert sm120._eval_condition("FOO_UNKNOWN > 1", sm120.ARCH_MACROS["sm_90a"]) is None

@@ -44,7 +44,9 @@ def make_probe_product(product: Product, monkeypatch: pytest.MonkeyPatch) -> Pro
     monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
     monkeypatch.setenv(seriestests.PYTHON_ENV, sys.executable)  # the tests venv runs the series tests
     product.commit_patch(PROBE, None, PROBE_TEXT, "[DSV4] add a release probe test", WHY, TRAILERS)
-    product.commit_patch(NOTES, None, "bf16 index keys: probe notes\n", "[DSV4] add the probe notes", WHY, TRAILERS)
+    product.commit_patch(
+        NOTES, None, "bf16 index keys: probe notes\n", "[DSV4] add the probe notes", WHY, TRAILERS
+    )
     patches.export(product.target)
     _commit(product, "series")
     return product
@@ -67,5 +69,7 @@ def _carry_probe_with_fix(p: Product) -> None:
     assert code == 1, out + err
     probe = _tree(p) / PROBE
     probe.write_text(probe.read_text().replace('== "0.5.21"', '== "0.5.23"'))
-    code, out, err = _cli(p.root, "rebase", "--continue", "-m", "test_release_probe.py: the series is on 0.5.23 now")
+    code, out, err = _cli(
+        p.root, "rebase", "--continue", "-m", "test_release_probe.py: the series is on 0.5.23 now"
+    )
     assert code == 0, out + err

@@ -49,7 +49,9 @@ class Product:
     def upstream(self) -> Path:
         return self.root / SUBMODULE_PATH
 
-    def commit_patch(self, path: str, old: str | None, new: str, subject: str, body: str, trailers: str) -> None:
+    def commit_patch(
+        self, path: str, old: str | None, new: str, subject: str, body: str, trailers: str
+    ) -> None:
         """Edit (or create, old=None) one upstream file and commit it as a patch commit."""
         f = self.upstream / path
         if old is None:
@@ -61,8 +63,12 @@ class Product:
             f.write_text(text.replace(old, new, 1))
         gitutil.git(["add", "--", path], self.upstream)
         msg = f"{subject}\n\n{body}\n\n{trailers}\n"
-        env = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.com",
-               "GIT_AUTHOR_DATE": "1700000000 +0000", "GIT_COMMITTER_DATE": "1700000000 +0000"}
+        env = {
+            "GIT_AUTHOR_NAME": "Test Author",
+            "GIT_AUTHOR_EMAIL": "author@example.com",
+            "GIT_AUTHOR_DATE": "1700000000 +0000",
+            "GIT_COMMITTER_DATE": "1700000000 +0000",
+        }
         gitutil.git(["commit", "-q", "-m", msg], self.upstream, env=env)
 
 
@@ -78,8 +84,13 @@ def make_product(root: Path, base_repo: Path, real_pin: pinmod.Pin) -> Product:
     built from the wheel and the (empty) series applied."""
     (root / "series").mkdir(parents=True)
     (root / "series" / "series").write_text("")
-    pin = pinmod.Pin(real_pin.version, real_pin.tag, real_pin.commit, real_pin.repository,
-                     pinmod.WheelPin(real_pin.wheel.filename, real_pin.wheel.sha256, real_pin.wheel.base_commit))
+    pin = pinmod.Pin(
+        real_pin.version,
+        real_pin.tag,
+        real_pin.commit,
+        real_pin.repository,
+        pinmod.WheelPin(real_pin.wheel.filename, real_pin.wheel.sha256, real_pin.wheel.base_commit),
+    )
     pinmod.save(pin, root / "pin.toml")
     (root / ".gitmodules").write_text(
         f'[submodule "{SUBMODULE_PATH}"]\n\tpath = {SUBMODULE_PATH}\n\turl = {pin.repository}\n'
@@ -110,12 +121,20 @@ def product(tmp_path: Path, base_repo: Path, real_pin: pinmod.Pin) -> Iterator[P
 def two_patch_product(product: Product) -> Product:
     """The product with a two-patch series (one edit of a real upstream file, one new file), exported."""
     product.commit_patch(
-        INDEXER, "FP8_DTYPE = ", "# bf16k test: marker line\nFP8_DTYPE = ",
-        "[DSV4] indexer: add a marker line", WHY, TRAILERS,
+        INDEXER,
+        "FP8_DTYPE = ",
+        "# bf16k test: marker line\nFP8_DTYPE = ",
+        "[DSV4] indexer: add a marker line",
+        WHY,
+        TRAILERS,
     )
     product.commit_patch(
-        "python/sglang/srt/layers/attention/dsv4/bf16k_probe.py", None, '"""probe module"""\nVALUE = 1\n',
-        "[DSV4] add a probe module", WHY, TRAILERS,
+        "python/sglang/srt/layers/attention/dsv4/bf16k_probe.py",
+        None,
+        '"""probe module"""\nVALUE = 1\n',
+        "[DSV4] add a probe module",
+        WHY,
+        TRAILERS,
     )
     patches.export(product.target)
     return product

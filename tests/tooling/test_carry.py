@@ -43,7 +43,10 @@ def test_failing_series_test_stops_the_carry_and_a_fix_finishes_it(probe_product
     assert "nox -s rebase -- --continue" in out and "nox -s rebase -- --abort" in out
     assert not (p.root / "series" / "next" / REL).exists()  # nothing is written before the tests pass
     status = "\n".join(patches.status(p.target))
-    assert f"carry: to sglang {REL} in progress in build/upstream/{REL}, stopped: 1 series test failing" in status
+    assert (
+        f"carry: to sglang {REL} in progress in build/upstream/{REL}, stopped: 1 series test failing"
+        in status
+    )
 
     # --continue without the fix runs the tests again and stops again, changing nothing.
     code, out, _ = _cli(p.root, "rebase", "--continue")
@@ -69,19 +72,27 @@ def test_failing_series_test_stops_the_carry_and_a_fix_finishes_it(probe_product
     assert "Last-Update: 2026-11-29" in (nxt / NOTES_PATCH).read_text()
     assert f"Last-Update: set to 2031-01-01 on {PROBE_PATCH}" in out
     info = carried.load(nxt)
-    assert [(r.patch, r.path, r.kind, r.why) for r in info.resolutions] == [(PROBE_PATCH, PROBE, "tests", why)]
+    assert [(r.patch, r.path, r.kind, r.why) for r in info.resolutions] == [
+        (PROBE_PATCH, PROBE, "tests", why)
+    ]
     assert info.verified.tests == "1 passed, 0 skipped" and info.verified.bisect == "2 of 2 prefixes"
     assert set(info.from_blobs) == {PROBE_PATCH, NOTES_PATCH}
     # The range-diff is a PR description: the hand-merged file, the hunk once, the reason.
     md = (nxt / "range-diff.md").read_text()
-    assert f"| 1 → 1 | `{PROBE_PATCH}` | content-changed | `test/registered/unit/test_release_probe.py` |" in md
+    assert (
+        f"| 1 → 1 | `{PROBE_PATCH}` | content-changed | `test/registered/unit/test_release_probe.py` |" in md
+    )
     assert md.count('++    assert _release() == "0.5.23"') == 1 and why in md
     assert "git range-diff" not in md
     # The CHANGELOG entry is wrapped, carries the reason, and the carry said it wrote it.
     changelog = (p.root / "CHANGELOG.md").read_text()
     entry = changelog.split("### Changed\n", 1)[1].split("\n\n", 1)[0]
-    assert entry.startswith("- Carried the series (2 patches") and all(len(ln) <= 100 for ln in entry.splitlines())
-    assert why in " ".join(entry.split()) and "Its tests pass there (1 passed, 0 skipped, CPU)" in " ".join(entry.split())
+    assert entry.startswith("- Carried the series (2 patches") and all(
+        len(ln) <= 100 for ln in entry.splitlines()
+    )
+    assert why in " ".join(entry.split()) and "Its tests pass there (1 passed, 0 skipped, CPU)" in " ".join(
+        entry.split()
+    )
     assert f"CHANGELOG.md: added the [Unreleased] entry for {REL}, with the reasons" in out
     # `check --upstream` says which release it applied on.
     notes = patches.check(project.target(p.root, REL)).notes
@@ -89,16 +100,22 @@ def test_failing_series_test_stops_the_carry_and_a_fix_finishes_it(probe_product
     # `tests --upstream V` runs the series' tests on that tree alone.
     proc = subprocess.run(
         [sys.executable, "-m", "bf16k", "--root", str(p.root), "tests", "--upstream", REL],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"series tests on sglang {REL} ({_tree(p)})" in proc.stdout
     assert f"sglang {REL}: 1 passed, 0 skipped" in proc.stdout
     # The pinned tree's copy of the probe holds there: running both in one go would have mixed trees.
     proc = subprocess.run(
         [sys.executable, "-m", "bf16k", "--root", str(p.root), "tests", "--upstream", "0.5.21"],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0 and "sglang 0.5.21: 1 passed" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -114,19 +131,27 @@ def test_status_lists_the_carried_series_and_says_series_once(probe_product: Pro
 
 def test_older_releases_are_a_port_everywhere(probe_product: Product) -> None:
     code, _, err = _cli(probe_product.root, "rebase", "0.5.20")
-    assert code == 2 and "older than the pinned 0.5.21" in err and "nox -s rebase -- 0.5.20 --allow-older" in err
+    assert (
+        code == 2 and "older than the pinned 0.5.21" in err and "nox -s rebase -- 0.5.20 --allow-older" in err
+    )
     code, _, err = _cli(probe_product.root, "rebase", "0.5.20", "--commit", "a" * 40)
     assert code == 2 and "the pin only moves forward" in err
     # apply's hint for a release without a carried series is a command that is not refused.
     proc = subprocess.run(
         [sys.executable, "-m", "bf16k", "--root", str(probe_product.root), "apply", "--upstream", "0.5.20"],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 2 and "nox -s rebase -- 0.5.20 --allow-older" in proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "bf16k", "--root", str(probe_product.root), "apply", "--upstream", "0.5.24"],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert "nox -s rebase -- 0.5.24`" in proc.stderr and "--allow-older" not in proc.stderr
 
 
@@ -135,7 +160,8 @@ def test_a_release_that_does_not_exist_is_one_line(probe_product: Product) -> No
     assert code == 2
     assert re.fullmatch(
         r"error: sglang 9\.9\.9 does not exist on the package index; the nearest releases are "
-        r"\S+, \S+, \S+ \(newest \S+\)\n", err
+        r"\S+, \S+, \S+ \(newest \S+\)\n",
+        err,
     ), err
     assert "--wheel-file" not in err
 

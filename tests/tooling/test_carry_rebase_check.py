@@ -33,7 +33,10 @@ def test_rebase_check_fails_when_a_carried_series_test_fails(probe_product: Prod
     code, out, err = _cli(p.root, "rebase-check", "--releases", "0.5.21")
     assert code == 0, out + err
     assert "Newer releases checked: none." in out
-    assert f"`series/next/{REL}/`: applies on its release, exports byte-identically, its series tests pass (1 passed" in out
+    assert (
+        f"`series/next/{REL}/`: applies on its release, exports byte-identically, its series tests pass (1 passed"
+        in out
+    )
     # Deliberately break the carried test, the way a patch is changed (it still applies and
     # round-trips): edit in the carried tree, fixup, export.
     t = project.target(p.root, REL)
@@ -50,7 +53,9 @@ def test_rebase_check_fails_when_a_carried_series_test_fails(probe_product: Prod
     assert f"`{NODE}`" in out and "Result: FAILED" in out
 
 
-def test_rebase_check_without_a_test_python_fails_clearly(probe_product: Product, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rebase_check_without_a_test_python_fails_clearly(
+    probe_product: Product, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(seriestests.PYTHON_ENV, "/nonexistent/python")
     code, _, err = _cli(probe_product.root, "rebase-check", "--releases", "0.5.21")
     assert code == 2 and "cannot run the series' tests" in err

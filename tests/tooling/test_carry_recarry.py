@@ -67,7 +67,9 @@ def test_recarry_needs_force_says_what_changes_and_replays_the_resolutions(probe
 
     # Now series/ changes the very line the carry fixed: the replay stops there.
     probe = p.upstream / PROBE
-    probe.write_text(probe.read_text().replace('assert _release() == "0.5.21"', 'assert _release() == "0.5.21", "probe"'))
+    probe.write_text(
+        probe.read_text().replace('assert _release() == "0.5.21"', 'assert _release() == "0.5.21", "probe"')
+    )
     gitutil.git(["commit", "-q", "-a", "--fixup", "HEAD~1"], p.upstream)
     gitutil.git(["rebase", "-q", "-i", "--autosquash", "refs/patches/upstream-head"], p.upstream)
     patches.export(p.target)
@@ -83,6 +85,11 @@ def test_recarry_needs_force_says_what_changes_and_replays_the_resolutions(probe
     end = next(i for i, ln in enumerate(lines) if ln.startswith(">>>>>>> "))
     lines[start : end + 1] = ['    assert _release() == "0.5.23", "probe"']
     (_tree(p) / PROBE).write_text("\n".join(lines))
-    code, out, err = _cli(p.root, "rebase", "--continue", "-m", "test_release_probe.py: keep 0.5.23 and the message")
+    code, out, err = _cli(
+        p.root, "rebase", "--continue", "-m", "test_release_probe.py: keep 0.5.23 and the message"
+    )
     assert code == 0, out + err
-    assert '+    assert _release() == "0.5.23", "probe"' in (p.root / "series" / "next" / REL / PROBE_PATCH).read_text()
+    assert (
+        '+    assert _release() == "0.5.23", "probe"'
+        in (p.root / "series" / "next" / REL / PROBE_PATCH).read_text()
+    )

@@ -50,11 +50,16 @@ index 4444444..0000000
 def test_files_hunks_and_lines_are_read_by_the_hunk_counts() -> None:
     files = diffs.parse(PATCH)
     assert [(f.old_path, f.path, f.new_file, f.deleted) for f in files] == [
-        ("a.py", "a.py", False, False), ("new.py", "new.py", True, False), ("gone.py", "gone.py", False, True),
-    ]  # fmt: skip
+        ("a.py", "a.py", False, False),
+        ("new.py", "new.py", True, False),
+        ("gone.py", "gone.py", False, True),
+    ]
     a = files[0]
     assert a.header[0] == "diff --git a/a.py b/a.py" and a.header[-1] == "+++ b/a.py"
-    assert [(h.old_start, h.old_count, h.new_start, h.new_count) for h in a.hunks] == [(1, 4, 1, 4), (10, 1, 10, 2)]
+    assert [(h.old_start, h.old_count, h.new_start, h.new_count) for h in a.hunks] == [
+        (1, 4, 1, 4),
+        (10, 1, 10, 2),
+    ]
     assert a.removed == ["-- a removed line that looks like a header", "x", "last"]
     assert a.added == ["++ an added line that looks like a header", "y", "last", "more"]
     assert a.hunks[1].lines == ["-last", "\\ No newline at end of file", "+last", "+more"]

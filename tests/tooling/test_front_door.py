@@ -44,8 +44,23 @@ def nox_sessions() -> list[Session]:
 def test_the_noxfile_has_the_sessions_the_design_names() -> None:
     names = {s.name for s in nox_sessions()}
     # README's sessions; a rename here is a user-visible break and must be deliberate.
-    assert {"apply", "build", "verify_recall", "bench", "check", "export", "status", "rebase",
-            "range_diff", "rebase_check", "pr_drafts", "wheel", "tests", "bisect", "lint"} <= names  # fmt: skip
+    assert {
+        "apply",
+        "build",
+        "verify_recall",
+        "bench",
+        "check",
+        "export",
+        "status",
+        "rebase",
+        "range_diff",
+        "rebase_check",
+        "pr_drafts",
+        "wheel",
+        "tests",
+        "bisect",
+        "lint",
+    } <= names
 
 
 def test_every_session_has_a_one_line_docstring() -> None:
@@ -81,7 +96,9 @@ def test_ci_runs_every_ci_session_and_the_readme_test_command() -> None:
     setup = readme[readme.index("## Set up") : readme.index("## Sessions")]
     for command in ("nox -s apply build", "nox -s tests"):
         assert command in setup, f"README's set-up section lost `{command}`"
-        assert re.search(rf"^stage \S+ {re.escape(command)}\b", ci, re.MULTILINE), f".ci/run does not run `{command}`"
+        assert re.search(rf"^stage \S+ {re.escape(command)}\b", ci, re.MULTILINE), (
+            f".ci/run does not run `{command}`"
+        )
 
 
 def test_ci_refuses_a_disk_without_room_before_changing_anything() -> None:

@@ -31,7 +31,7 @@ from .conftest import INDEXER, REPO_ROOT, TRAILERS, WHY, Product, make_product
 URL = "https://github.com/sgl-project/sglang/pull/40001"
 PROBE = "python/sglang/srt/layers/attention/dsv4/bf16k_probe.py"
 PROBE_TEST = "test/registered/unit/layers/attention/test_probe.py"
-PROBE_TEST_TEXT = textwrap.dedent('''\
+PROBE_TEST_TEXT = textwrap.dedent("""\
     import unittest
 
 
@@ -49,9 +49,9 @@ PROBE_TEST_TEXT = textwrap.dedent('''\
 
     if __name__ == "__main__":
         unittest.main()
-''')
+""")
 NAMES = ["indexer-add-a-marker-line.patch", "add-a-probe-module.patch", "probe-local-tweak.patch"]
-MAP = textwrap.dedent('''\
+MAP = textwrap.dedent("""\
     [[pr]]
     id = "a"
     title = "[DSV4] Indexer: add a marker line"
@@ -71,7 +71,7 @@ MAP = textwrap.dedent('''\
     [[local]]
     patch = "probe-local-tweak.patch"
     why = "Only this product needs it."
-''')
+""")
 
 
 def _sections(text: str) -> list[str]:
@@ -93,31 +93,47 @@ def test_map_that_does_not_describe_the_series_is_refused(tmp_path: Path) -> Non
     assert prs.problems(good, NAMES, fwd) == []
     assert good.base_patches(good.by_id("b")) == [NAMES[0]] and good.upstream_bound == NAMES[:2]
     # A gap: a patch in no PR and not local.
-    without_b = MAP[: MAP.index('[[pr]]\nid = "b"')] + MAP[MAP.index("[[local]]"):]
+    without_b = MAP[: MAP.index('[[pr]]\nid = "b"')] + MAP[MAP.index("[[local]]") :]
     gap = _map(tmp_path, without_b)
-    assert any("add-a-probe-module.patch: in no PR and not local (a gap" in p for p in prs.problems(gap, NAMES, fwd))
+    assert any(
+        "add-a-probe-module.patch: in no PR and not local (a gap" in p for p in prs.problems(gap, NAMES, fwd)
+    )
     # A patch in two places; one the series does not have.
-    twice = _map(tmp_path, MAP.replace('patch = "probe-local-tweak.patch"', 'patch = "add-a-probe-module.patch"'))
+    twice = _map(
+        tmp_path, MAP.replace('patch = "probe-local-tweak.patch"', 'patch = "add-a-probe-module.patch"')
+    )
     found = prs.problems(twice, NAMES, fwd)
     assert any("add-a-probe-module.patch: in the map more than once" in p for p in found)
     assert any("probe-local-tweak.patch: in no PR" in p for p in found)
     ghost = _map(tmp_path, MAP.replace("probe-local-tweak.patch", "gone.patch"))
-    assert any("gone.patch: in the map (local) but not in the series" in p for p in prs.problems(ghost, NAMES, fwd))
+    assert any(
+        "gone.patch: in the map (local) but not in the series" in p for p in prs.problems(ghost, NAMES, fwd)
+    )
     # A local patch before an upstream-bound one: the later PR's base would hold it.
     order = [NAMES[0], NAMES[2], NAMES[1]]
     assert any("come before upstream-bound ones" in p for p in prs.problems(good, order, fwd))
     # A PR's patches not contiguous; the PRs out of series order.
-    split = _map(tmp_path, MAP.replace('patches = ["indexer-add-a-marker-line.patch"]',
-                                       'patches = ["indexer-add-a-marker-line.patch", "probe-local-tweak.patch"]')
-                 .replace('[[local]]\npatch = "probe-local-tweak.patch"\nwhy = "Only this product needs it."\n', ""))
-    assert any("PR 'a': its patches are not contiguous" in p
-               for p in prs.problems(split, [NAMES[0], NAMES[1], NAMES[2]], dict.fromkeys(NAMES, "no")))
+    split = _map(
+        tmp_path,
+        MAP.replace(
+            'patches = ["indexer-add-a-marker-line.patch"]',
+            'patches = ["indexer-add-a-marker-line.patch", "probe-local-tweak.patch"]',
+        ).replace('[[local]]\npatch = "probe-local-tweak.patch"\nwhy = "Only this product needs it."\n', ""),
+    )
+    assert any(
+        "PR 'a': its patches are not contiguous" in p
+        for p in prs.problems(split, [NAMES[0], NAMES[1], NAMES[2]], dict.fromkeys(NAMES, "no"))
+    )
     assert any("not in series order" in p for p in prs.problems(good, [NAMES[1], NAMES[0], NAMES[2]], fwd))
     # Forwarded: the local patch must say not-needed, a PR's patches must not.
-    assert any("local in the map but its header says 'Forwarded: no'" in p
-               for p in prs.problems(good, NAMES, dict.fromkeys(NAMES, "no")))
-    assert any("in PR 'b' but its header says 'Forwarded: not-needed'" in p
-               for p in prs.problems(good, NAMES, fwd | {NAMES[1]: "not-needed"}))
+    assert any(
+        "local in the map but its header says 'Forwarded: no'" in p
+        for p in prs.problems(good, NAMES, dict.fromkeys(NAMES, "no"))
+    )
+    assert any(
+        "in PR 'b' but its header says 'Forwarded: not-needed'" in p
+        for p in prs.problems(good, NAMES, fwd | {NAMES[1]: "not-needed"})
+    )
 
 
 def test_map_file_errors_name_the_entry(tmp_path: Path) -> None:
@@ -151,10 +167,18 @@ def test_pr_url_takes_a_pr_or_a_patch_and_refuses_local_ones(tmp_path: Path) -> 
 
 
 def test_local_references_are_found_and_the_live_harness_allowed() -> None:
-    lines = ["measured on an NVIDIA H200", "see `verify/results/h200/parity/store.json`", "run /work/main/x",
-             "python -m verify.live --server URL --baseline URL", "from verify.recall import gate",
-             "git am build/x.patch", "the carried `series/next/0.5.23/`", "nox -s pr_drafts", "bf16k tooling",
-             "Issue #23 estimated"]  # fmt: skip
+    lines = [
+        "measured on an NVIDIA H200",
+        "see `verify/results/h200/parity/store.json`",
+        "run /work/main/x",
+        "python -m verify.live --server URL --baseline URL",
+        "from verify.recall import gate",
+        "git am build/x.patch",
+        "the carried `series/next/0.5.23/`",
+        "nox -s pr_drafts",
+        "bf16k tooling",
+        "Issue #23 estimated",
+    ]
     text = "\n".join(lines)
     found = previdence.local_refs(text)
     assert len(found) == 8 and not any("H200" in f or "verify.live" in f for f in found), found
@@ -163,7 +187,7 @@ def test_local_references_are_found_and_the_live_harness_allowed() -> None:
 
 
 def test_docs_row_is_read_from_the_options_declaration() -> None:
-    source = textwrap.dedent('''\
+    source = textwrap.dedent("""\
         class ExecKernel(msgspec.Struct):
             enable_x: A[bool, "Enable x. See --other-flag."] = False
             x_dtype: A[
@@ -171,11 +195,15 @@ def test_docs_row_is_read_from_the_options_declaration() -> None:
                 Arg(help="Format of x. " "'a': one | two.", choices=["a", "b"], fallback="a"),
             ] = None
             x_size: A[int, Arg(help="Size.")] = 4
-    ''')
+    """)
     fields = prtree._arg_fields(source)
     assert prtree.docs_row("--enable-x", fields["enable_x"]) == (
-        "| `--enable-x` | Enable x. See `--other-flag`. | `False` | bool flag (set to enable) |")
-    assert prtree.docs_row("--x-dtype", fields["x_dtype"]) == "| `--x-dtype` | Format of x. 'a': one \\| two. | `a` | `a`, `b` |"
+        "| `--enable-x` | Enable x. See `--other-flag`. | `False` | bool flag (set to enable) |"
+    )
+    assert (
+        prtree.docs_row("--x-dtype", fields["x_dtype"])
+        == "| `--x-dtype` | Format of x. 'a': one \\| two. | `a` | `a`, `b` |"
+    )
     assert prtree.docs_row("--x-size", fields["x_size"]) == "| `--x-size` | Size. | `4` | Type: int |"
 
 
@@ -187,12 +215,16 @@ def test_needed_runs_give_the_exact_commands() -> None:
             assert what and commands, need
             text = "\n".join(commands)
             # hicache-gsm8k is a fix on the fp8 default: always upstream main vs the PR.
-            assert ("--deepseek-v4-indexer-k-dtype bf16" in text) == ((ab and need != "hicache-gsm8k") or need == "sm120")
+            assert ("--deepseek-v4-indexer-k-dtype bf16" in text) == (
+                (ab and need != "hicache-gsm8k") or need == "sm120"
+            )
     joined = {n: "\n".join(prose.needed_runs(n, True)[1]) for n in prs.NEEDED_RUNS}
     assert "python3 -m sglang.test.few_shot_gsm8k --num-questions 1319" in joined["gsm8k"]
     assert "sgl-eval run gpqa" in joined["gpqa"]
-    assert ("python -m verify.live --server http://127.0.0.1:30001 --baseline http://127.0.0.1:30000 "
-            "--expect-format bf16 --baseline-expect-format fp8") in joined["long-context-recall"]
+    assert (
+        "python -m verify.live --server http://127.0.0.1:30001 --baseline http://127.0.0.1:30000 "
+        "--expect-format bf16 --baseline-expect-format fp8"
+    ) in joined["long-context-recall"]
     assert "pip install '.[live]'" in joined["long-context-recall"]
     assert "python3 -m sglang.bench_serving --backend sglang" in joined["bench-serving"]
     assert "max_total_num_tokens" in joined["pool-tokens"] and "/server_info" in joined["pool-tokens"]
@@ -208,21 +240,39 @@ def test_needed_runs_give_the_exact_commands() -> None:
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory, base_repo: Path, real_pin: pinmod.Pin) -> Iterator[Product]:
+def three(
+    tmp_path_factory: pytest.TempPathFactory, base_repo: Path, real_pin: pinmod.Pin
+) -> Iterator[Product]:
     """Three patches on the real pinned upstream: PR a (an indexer edit), PR b (a new module and its
     registered test), a local tweak (Forwarded: not-needed); the map in series/prs.toml."""
     p = make_product(tmp_path_factory.mktemp("prs") / "product", base_repo, real_pin)
-    p.commit_patch(INDEXER, "FP8_DTYPE = ", "# bf16k test: marker line\nFP8_DTYPE = ",
-                   "[DSV4] Indexer: add a marker line", WHY, TRAILERS)  # fmt: skip
-    p.commit_patch(PROBE, None, '"""probe module"""\n\nVALUE = 1\n', "[DSV4] Add a probe module", WHY, TRAILERS)
-    p.commit_patch(PROBE_TEST, None, PROBE_TEST_TEXT, "[DSV4] Add a probe module test",
-                   WHY, TRAILERS)  # fmt: skip
+    p.commit_patch(
+        INDEXER,
+        "FP8_DTYPE = ",
+        "# bf16k test: marker line\nFP8_DTYPE = ",
+        "[DSV4] Indexer: add a marker line",
+        WHY,
+        TRAILERS,
+    )
+    p.commit_patch(
+        PROBE, None, '"""probe module"""\n\nVALUE = 1\n', "[DSV4] Add a probe module", WHY, TRAILERS
+    )
+    p.commit_patch(PROBE_TEST, None, PROBE_TEST_TEXT, "[DSV4] Add a probe module test", WHY, TRAILERS)
     # Squash the test into the probe commit: one patch adds the module and its test.
     gitutil.git(["reset", "-q", "--soft", "HEAD~2"], p.upstream)
-    gitutil.git(["commit", "-q", "-m", f"[DSV4] Add a probe module\n\n{WHY}\n\n{TRAILERS}\n"], p.upstream,
-                env={"GIT_AUTHOR_DATE": "1700000000 +0000", "GIT_COMMITTER_DATE": "1700000000 +0000"})
-    p.commit_patch(PROBE, "VALUE = 1\n", "VALUE = 1\nLOCAL = True\n", "[DSV4] Probe: local tweak", WHY,
-                   "Forwarded: not-needed\nLast-Update: 2026-11-29")  # fmt: skip
+    gitutil.git(
+        ["commit", "-q", "-m", f"[DSV4] Add a probe module\n\n{WHY}\n\n{TRAILERS}\n"],
+        p.upstream,
+        env={"GIT_AUTHOR_DATE": "1700000000 +0000", "GIT_COMMITTER_DATE": "1700000000 +0000"},
+    )
+    p.commit_patch(
+        PROBE,
+        "VALUE = 1\n",
+        "VALUE = 1\nLOCAL = True\n",
+        "[DSV4] Probe: local tweak",
+        WHY,
+        "Forwarded: not-needed\nLast-Update: 2026-11-29",
+    )
     patches.export(p.target)
     assert series.read_order(p.target.series_dir) == NAMES
     (p.target.series_dir / prs.PRS_FILE).write_text(MAP)
@@ -242,12 +292,21 @@ def test_drafts_one_per_pr_with_the_map_template_and_no_local_paths(three: Produ
     assert out == p.root / "build" / "pr-drafts" / "0.5.21"
     assert sorted(f.name for f in out.iterdir()) == ["00-cover.md", "patches", "pr-a.md", "pr-b.md"]
     assert sorted(str(f.relative_to(out / "patches")) for f in (out / "patches").rglob("*.patch")) == [
-        "a/0001-indexer-add-a-marker-line.patch", "b/0001-add-a-probe-module.patch"]
+        "a/0001-indexer-add-a-marker-line.patch",
+        "b/0001-add-a-probe-module.patch",
+    ]
     cover = (out / "00-cover.md").read_text()
-    assert "| (a) | [[DSV4] Indexer: add a marker line](pr-a.md) | `indexer-add-a-marker-line.patch` | upstream |" in cover
-    assert "| (b) | [[DSV4] Add a probe module](pr-b.md) | `add-a-probe-module.patch` | upstream + a |" in cover
+    assert (
+        "| (a) | [[DSV4] Indexer: add a marker line](pr-a.md) | `indexer-add-a-marker-line.patch` | upstream |"
+        in cover
+    )
+    assert (
+        "| (b) | [[DSV4] Add a probe module](pr-b.md) | `add-a-probe-module.patch` | upstream + a |" in cover
+    )
     assert "| `probe-local-tweak.patch` | Only this product needs it. |" in cover
-    assert re.search(r"\| 0\.5\.21 \(pin\) \| \(b\) \| applies on `[0-9a-f]{12}` \(wheel\) \+ \(a\) \|", cover)
+    assert re.search(
+        r"\| 0\.5\.21 \(pin\) \| \(b\) \| applies on `[0-9a-f]{12}` \(wheel\) \+ \(a\) \|", cover
+    )
     assert "git am -3 --keep-non-patch patches/b/*.patch" in cover
     for name in ("pr-a.md", "pr-b.md"):
         assert previdence.local_refs((out / name).read_text()) == [], name
@@ -255,12 +314,22 @@ def test_drafts_one_per_pr_with_the_map_template_and_no_local_paths(three: Produ
     a, b = (out / "pr-a.md").read_text(), (out / "pr-b.md").read_text()
     for text, title in ((a, "[DSV4] Indexer: add a marker line"), (b, "[DSV4] Add a probe module")):
         assert text.startswith(f"# {title}\n")
-        assert _sections(text) == ["Motivation", "Modifications", "Accuracy Tests", "Speed Tests and Profiling",
-                                   prose.STILL_NEEDS, "Checklist", "Review and Merge Process"]
+        assert _sections(text) == [
+            "Motivation",
+            "Modifications",
+            "Accuracy Tests",
+            "Speed Tests and Profiling",
+            prose.STILL_NEEDS,
+            "Checklist",
+            "Review and Merge Process",
+        ]
         assert text.count("## Motivation") == 1
     # One motivation: the patch's why (motivation = "patch"), not repeated under Modifications.
     motivation_a = a.split("## Motivation", 1)[1].split("## Modifications", 1)[0]
-    assert " ".join(WHY.split()) in motivation_a and " ".join(WHY.split()) not in a.split("## Modifications", 1)[1]
+    assert (
+        " ".join(WHY.split()) in motivation_a
+        and " ".join(WHY.split()) not in a.split("## Modifications", 1)[1]
+    )
     # The tests each PR adds, read by upstream's parser; the box ticked only where one exists.
     assert f"| `{PROBE_TEST}` | CPU `base-a-test-cpu` (~5 s) | added by add-a-probe-module.patch |" in b
     assert f"- [x] {prose.CHECK_TESTS}" in b and f"- [ ] {prose.CHECK_TESTS}" in a
@@ -289,14 +358,18 @@ def test_patches_apply_with_git_am_each_on_its_base(three: Product, drafted: Pat
         files = sorted(str(f) for f in (out / "patches" / pr_id).glob("*.patch"))
         gitutil.git(["am", "-q", "--keep-non-patch", *files], scratch)
     # The two PRs are the series without its local patch.
-    assert gitutil.out(["rev-parse", "HEAD^{tree}"], scratch) == gitutil.out(["rev-parse", "HEAD~1^{tree}"], p.upstream)
+    assert gitutil.out(["rev-parse", "HEAD^{tree}"], scratch) == gitutil.out(
+        ["rev-parse", "HEAD~1^{tree}"], p.upstream
+    )
 
 
 def test_check_runs_each_prs_own_tests_on_its_base(three: Product, tmp_path: Path) -> None:
     out = drafts.generate(three.target, "x", tmp_path / "out", check=True)
     cover = (out / "00-cover.md").read_text()
     assert re.search(r"\| 0\.5\.21 \(pin\) \| \(a\) \| applies on [^|]+\| no test files of its own \|", cover)
-    assert re.search(r"\| 0\.5\.21 \(pin\) \| \(b\) \| applies on [^|]+\+ \(a\) \| 1 passed, 0 skipped in \d+ s \|", cover)
+    assert re.search(
+        r"\| 0\.5\.21 \(pin\) \| \(b\) \| applies on [^|]+\+ \(a\) \| 1 passed, 0 skipped in \d+ s \|", cover
+    )
     b = (out / "pr-b.md").read_text()
     assert "Applied with `git am` on SGLang 0.5.21 + PR (a), the tests above pass on a CPU machine" in b
     assert "1 passed, 0 skipped" in b
@@ -318,15 +391,29 @@ def test_check_verdict_fails_on_any_pr_or_release_not_shown_good() -> None:
 
     good = TestRun(Path("."), passed=3)
     failing = TestRun(Path("."), passed=2, failures=[Failure("t.py::x", "boom")])
-    ok = prs.ReleaseCheck("0.5.21 (pin)", True, prs=[prs.PRCheck("a", True, run=good),
-                                                    prs.PRCheck("b", True, run=TestRun(Path("."), absent=True))])
-    assert drafts.check_verdict([ok]) == (0, ["every PR applies on its base and its tests pass, on 0.5.21 (pin)"])
-    stale = prs.ReleaseCheck("0.5.23 (carried)", False, ["its series does not fit the PR map (x): re-carry it first"])
+    ok = prs.ReleaseCheck(
+        "0.5.21 (pin)",
+        True,
+        prs=[prs.PRCheck("a", True, run=good), prs.PRCheck("b", True, run=TestRun(Path("."), absent=True))],
+    )
+    assert drafts.check_verdict([ok]) == (
+        0,
+        ["every PR applies on its base and its tests pass, on 0.5.21 (pin)"],
+    )
+    stale = prs.ReleaseCheck(
+        "0.5.23 (carried)", False, ["its series does not fit the PR map (x): re-carry it first"]
+    )
     code, lines = drafts.check_verdict([ok, stale])
-    assert code == 1 and lines == ["0.5.23 (carried): not checked: its series does not fit the PR map (x): re-carry it first"]
-    broken = prs.ReleaseCheck("0.5.21 (pin)", True, prs=[prs.PRCheck("a", True, run=failing), prs.PRCheck("b", False)])
+    assert code == 1 and lines == [
+        "0.5.23 (carried): not checked: its series does not fit the PR map (x): re-carry it first"
+    ]
+    broken = prs.ReleaseCheck(
+        "0.5.21 (pin)", True, prs=[prs.PRCheck("a", True, run=failing), prs.PRCheck("b", False)]
+    )
     code, lines = drafts.check_verdict([broken])
-    assert code == 1 and "does not apply or its tests fail: 0.5.21 (pin) PR (a), 0.5.21 (pin) PR (b)" in lines[0]
+    assert (
+        code == 1 and "does not apply or its tests fail: 0.5.21 (pin) PR (a), 0.5.21 (pin) PR (b)" in lines[0]
+    )
 
 
 def test_a_carried_series_is_drafted_only_when_it_fits_the_map(three: Product) -> None:
@@ -346,11 +433,17 @@ def test_a_carried_series_is_drafted_only_when_it_fits_the_map(three: Product) -
             pinmod.save(pin, d / "pin.toml")
         t, chosen = drafts.newest_target(p.root)
         assert t == Target(p.root, "0.5.23")
-        assert "0.5.24 (its carried series does not fit the PR map, 1 problem(s), first: probe-local-tweak.patch" in chosen
+        assert (
+            "0.5.24 (its carried series does not fit the PR map, 1 problem(s), first: probe-local-tweak.patch"
+            in chosen
+        )
         out = drafts.generate(t, chosen)
         cover = (out / "00-cover.md").read_text()
         assert out.name == "0.5.23" and "the newest release the series is carried to" in cover
-        assert "| 0.5.23 (carried) | all | not checked:" in cover and "nox -s apply -- --upstream 0.5.23" in cover
+        assert (
+            "| 0.5.23 (carried) | all | not checked:" in cover
+            and "nox -s apply -- --upstream 0.5.23" in cover
+        )
     finally:
         shutil.rmtree(nxt, ignore_errors=True)
 
@@ -431,7 +524,9 @@ def test_blocks_needing_torch_are_rendered_by_a_python_that_has_it(monkeypatch: 
 
     real = importlib.util.find_spec
     monkeypatch.setattr(previdence, "NEEDS_TORCH", ("store-parity",))
-    monkeypatch.setattr(previdence.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setattr(
+        previdence.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
     monkeypatch.setenv("BF16K_TEST_PYTHON", sys.executable)
     calls: list[list[str]] = []
     run = previdence.subprocess.run
@@ -470,30 +565,54 @@ def test_real_series_drafts(tmp_path: Path) -> None:
     for text in (b, c):
         motivation = text.split("## Modifications")[0]
         assert "bf16 is the reference's container, not its precision" in motivation
-        assert "22,597 tokens" in motivation and "https://github.com/vllm-project/vllm/issues/55927" in motivation
+        assert (
+            "22,597 tokens" in motivation
+            and "https://github.com/vllm-project/vllm/issues/55927" in motivation
+        )
         assert all(url in motivation for _, url in prose.PUBLIC_COLLAPSES)
         assert "KV-pool tokens" in motivation and f"- [x] {prose.CHECK_BENCH}" in text
-        assert text.count("4.5K tokens") == 1  # one motivation: the first commit's field story is not repeated
-    assert "**Kernel parity, store**" in b and "**Kernel parity, read**" not in b and "**Indexer recall**" not in b
+        assert (
+            text.count("4.5K tokens") == 1
+        )  # one motivation: the first commit's field story is not repeated
+    assert (
+        "**Kernel parity, store**" in b
+        and "**Kernel parity, read**" not in b
+        and "**Indexer recall**" not in b
+    )
     assert "**Kernel parity, read**" in c and "**Indexer forward**" in c and "**Indexer recall**" in c
     assert "SGLANG_DSV4_UNFUSED_INDEXER_COMPRESSOR" in b.split("## Accuracy Tests")[0]
     # (c) carries the docs rows, in the doc's table format, read from the option's declaration.
     assert "| Argument | Description | Defaults | Options |" in c
-    assert re.search(r"^\| `--deepseek-v4-indexer-k-dtype` \| Experimental\. .* \| `fp8` \| `fp8`, `fp4`, `bf16` \|$", c, re.MULTILINE)
-    assert ("| `--enable-deepseek-v4-fp4-indexer` | Deprecated: use `--deepseek-v4-indexer-k-dtype fp4`. | `False` | "
-            "bool flag (set to enable) |") in c
+    assert re.search(
+        r"^\| `--deepseek-v4-indexer-k-dtype` \| Experimental\. .* \| `fp8` \| `fp8`, `fp4`, `bf16` \|$",
+        c,
+        re.MULTILINE,
+    )
+    assert (
+        "| `--enable-deepseek-v4-fp4-indexer` | Deprecated: use `--deepseek-v4-indexer-k-dtype fp4`. | `False` | "
+        "bool flag (set to enable) |"
+    ) in c
     assert "Deprecation: `--enable-deepseek-v4-fp4-indexer` keeps working" in c
     assert f"- [ ] {prose.CHECK_DOCS} The rows are in this description" in c
     needs = c.split(f"## {prose.STILL_NEEDS}")[1]
-    for command in ("sglang.test.few_shot_gsm8k", "sgl-eval run gpqa", "python -m verify.live",
-                    "sglang.bench_serving", "max_total_num_tokens", "avg_spec_accept_length", "RTX PRO 6000"):
+    for command in (
+        "sglang.test.few_shot_gsm8k",
+        "sgl-eval run gpqa",
+        "python -m verify.live",
+        "sglang.bench_serving",
+        "max_total_num_tokens",
+        "avg_spec_accept_length",
+        "RTX PRO 6000",
+    ):
         assert command in needs, command
 
 
 def test_the_prose_templates_ship_with_the_package() -> None:
     """The drafts' prose is read with importlib.resources: pyproject's package data must carry every
     template into an installed (not editable) bf16k, and each must have sections to read."""
-    shipped = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["bf16k"]
+    shipped = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "bf16k"
+    ]
     templates = sorted((REPO_ROOT / "bf16k" / "templates").iterdir())
     assert templates
     for path in templates:

@@ -131,7 +131,9 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(
     assert f"stopped at patch 3 of 3: '{CONFLICT_NAME}'" in out
     assert f"    {INDEXER}" in out
     hunk_lines = [
-        int(line.split(f"{INDEXER}:", 1)[1].split()[0]) for line in out.splitlines() if f"{REL}/{INDEXER}:" in line
+        int(line.split(f"{INDEXER}:", 1)[1].split()[0])
+        for line in out.splitlines()
+        if f"{REL}/{INDEXER}:" in line
     ]
     assert hunk_lines, out
     text = (tree / INDEXER).read_text().split("\n")
@@ -166,7 +168,9 @@ def test_conflict_stops_with_locations_refuses_skip_aborts_and_continues(
     code, _, err = _cli(p.root, "rebase", "--continue", gate=no_gate)
     assert code == 2 and "no reason for:\n  " + INDEXER + " (C4Indexer.compute_q)" in err
     why = "0.5.23 feeds wq_b the fp8 group quant when there is one; keep that and make it contiguous"
-    code, out, err = _cli(p.root, "rebase", "--continue", "-m", f"indexer.py (C4Indexer.compute_q): {why}", gate=no_gate)
+    code, out, err = _cli(
+        p.root, "rebase", "--continue", "-m", f"indexer.py (C4Indexer.compute_q): {why}", gate=no_gate
+    )
     assert code == 0, err + out
     md = (p.root / "series" / "next" / REL / "range-diff.md").read_text()
     assert (
@@ -344,8 +348,17 @@ def test_recarry_carries_each_release_a_finished_carry_hands_back(
         (tmp_path / "series" / "next" / v / "pin.toml").write_text("")
     calls: list[tuple[str, list[str], str | None, bool, bool]] = []
 
-    def carried(root: Path, target: str, *, gate: object, python: str | None = None, queue: list[str] | None = None,
-                force: bool = False, allow_older: bool = False, **_: object) -> Outcome:  # fmt: skip
+    def carried(
+        root: Path,
+        target: str,
+        *,
+        gate: object,
+        python: str | None = None,
+        queue: list[str] | None = None,
+        force: bool = False,
+        allow_older: bool = False,
+        **_: object,
+    ) -> Outcome:
         assert gate is no_gate
         calls.append((target, list(queue or []), python, force, allow_older))
         stop = Stop("tests", total=2) if target == "0.5.24" else None

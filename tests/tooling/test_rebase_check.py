@@ -12,7 +12,9 @@ from .rebase_support import CONFLICT_NAME, Q_CONFLICT, Q_SIGNATURE, REL, _add, _
 
 
 @pytest.mark.slow
-def test_rebase_check_reports_per_patch_and_changes_nothing(two_patch_product: Product, no_gate: RecordingGate) -> None:
+def test_rebase_check_reports_per_patch_and_changes_nothing(
+    two_patch_product: Product, no_gate: RecordingGate
+) -> None:
     p = two_patch_product
     assert _cli(p.root, "rebase", REL, gate=no_gate)[0] == 0  # a committed carried series of the two patches
     _add(p, INDEXER, Q_SIGNATURE, Q_CONFLICT, "[DSV4] indexer: make q_lora contiguous")
@@ -28,7 +30,10 @@ def test_rebase_check_reports_per_patch_and_changes_nothing(two_patch_product: P
     assert "| 1 | `indexer-add-a-marker-line.patch` | clean |" in out
     assert f"| 3 | `{CONFLICT_NAME}` | conflict | `srt/layers/attention/dsv4/indexer.py:" in out
     assert "(C4Indexer.compute_q) | – |" in out  # not carried yet: nothing resolves it
-    assert f"`series/next/{REL}/`: applies on its release, exports byte-identically, its series tests pass" in out
+    assert (
+        f"`series/next/{REL}/`: applies on its release, exports byte-identically, its series tests pass"
+        in out
+    )
 
     # A committed carried series that no longer applies fails the check.
     nxt = p.root / "series" / "next" / REL
@@ -53,8 +58,10 @@ def test_rebase_check_counts_conflicts_the_way_a_carry_meets_them(
     f.write_text(f.read_text().replace(Q_SIGNATURE, Q_CONFLICT, 1))
     (p.upstream / HELPER).write_text('"""bf16k test helper"""\nVALUE = 1\n')
     gitutil.git(["add", "--", INDEXER, HELPER], p.upstream)
-    gitutil.git(["commit", "-q", "-m", f"[DSV4] indexer: contiguous q_lora and a helper\n\n{WHY}\n\n{TRAILERS}\n"],
-                p.upstream)  # fmt: skip
+    gitutil.git(
+        ["commit", "-q", "-m", f"[DSV4] indexer: contiguous q_lora and a helper\n\n{WHY}\n\n{TRAILERS}\n"],
+        p.upstream,
+    )
     _add(p, HELPER, "VALUE = 1\n", "VALUE = 2\n", "[DSV4] helper: two")
     patches.export(p.target)
     gitutil.git(["add", "-A", "series", "pin.toml"], p.root)
@@ -74,7 +81,9 @@ def test_rebase_check_counts_conflicts_the_way_a_carry_meets_them(
     end = next(i for i, line in enumerate(lines) if line.startswith(">>>>>>> "))
     fix = "        q, _ = self.wq_b((q_lora if q_lora_quant is None else q_lora_quant).contiguous())"
     (tree / INDEXER).write_text("\n".join(lines[:start] + [fix] + lines[end + 1 :]))
-    code, out, err = _cli(p.root, "rebase", "--continue", "-m", "indexer.py: keep 0.5.23's quant, contiguous", gate=no_gate)
+    code, out, err = _cli(
+        p.root, "rebase", "--continue", "-m", "indexer.py: keep 0.5.23's quant, contiguous", gate=no_gate
+    )
     assert code == 0, out + err
     gitutil.git(["add", "-A", "series", "CHANGELOG.md"], p.root)
     gitutil.git(["commit", "-q", "-m", "carried"], p.root)

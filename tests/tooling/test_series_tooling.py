@@ -25,7 +25,10 @@ def _files(product: Product) -> dict[str, bytes]:
 def _cli(product: Product, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bf16k", "--root", str(product.root), *args],
-        check=False, cwd=REPO_ROOT, capture_output=True, text=True,
+        check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -41,7 +44,8 @@ def test_export_after_apply_reproduces_series_byte_for_byte(two_patch_product: P
     p = two_patch_product
     before = _files(p)
     assert series.read_order(p.target.series_dir) == [
-        "indexer-add-a-marker-line.patch", "add-a-probe-module.patch",
+        "indexer-add-a-marker-line.patch",
+        "add-a-probe-module.patch",
     ]
     patches.apply(p.target)  # series/ is what was applied: a no-op
     shutil.rmtree(p.upstream / ".git" / "rr-cache", ignore_errors=True)
@@ -56,12 +60,15 @@ def test_export_after_apply_reproduces_series_byte_for_byte(two_patch_product: P
     assert "\nindex " in text and len(text.split("\nindex ")[1].split("..")[0]) == 40  # --full-index
 
 
-def test_export_is_independent_of_user_git_config(two_patch_product: Product, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_is_independent_of_user_git_config(
+    two_patch_product: Product, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     p = two_patch_product
     before = _files(p)
     cfg = tmp_path / "gitconfig"
-    cfg.write_text("[diff]\n\tnoprefix = true\n\tcontext = 7\n\trenames = copies\n[format]\n\tsignature = x\n")
+    cfg.write_text(
+        "[diff]\n\tnoprefix = true\n\tcontext = 7\n\trenames = copies\n[format]\n\tsignature = x\n"
+    )
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
     patches.export(p.target)
     assert _files(p) == before
@@ -89,8 +96,9 @@ def test_apply_twice_changes_nothing(two_patch_product: Product, capsys: pytest.
     assert gitutil.rev_parse(p.upstream, "HEAD") == head
 
 
-def test_uncommitted_edits_survive_apply_in_a_named_ref(two_patch_product: Product,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_uncommitted_edits_survive_apply_in_a_named_ref(
+    two_patch_product: Product, capsys: pytest.CaptureFixture[str]
+) -> None:
     p = two_patch_product
     pool = p.upstream / POOL
     pool.write_text(pool.read_text() + "\n# my precious edit\n")
@@ -106,7 +114,9 @@ def test_uncommitted_edits_survive_apply_in_a_named_ref(two_patch_product: Produ
     assert gitutil.out(["show", f"{ref}:python/notes.txt"], p.upstream) == "untracked work"
 
 
-def test_unexported_commits_survive_apply(two_patch_product: Product, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unexported_commits_survive_apply(
+    two_patch_product: Product, capsys: pytest.CaptureFixture[str]
+) -> None:
     p = two_patch_product
     p.commit_patch(POOL, "import ", "# new local patch\nimport ", "[DSV4] local work", WHY, TRAILERS)
     local = gitutil.rev_parse(p.upstream, "HEAD")
@@ -126,7 +136,9 @@ def test_dirty_tree_can_stop_apply_instead(two_patch_product: Product) -> None:
     assert pool.read_text().endswith("# edit\n")
 
 
-def test_wrong_wheel_checksum_stops_naming_the_file(tmp_path: Path, real_pin: pinmod.Pin, wheel_path: Path) -> None:
+def test_wrong_wheel_checksum_stops_naming_the_file(
+    tmp_path: Path, real_pin: pinmod.Pin, wheel_path: Path
+) -> None:
     bad = tmp_path / real_pin.wheel.filename
     data = bytearray(wheel_path.read_bytes())
     data[1000] ^= 0xFF
@@ -154,8 +166,10 @@ def test_wheel_file_is_checked_even_when_the_tree_is_already_built(
     # The right file: checked, and the run says why it was not needed.
     proc = _cli(product, "apply", "--source", "wheel", "--wheel-file", str(wheel_path))
     assert proc.returncode == 0, proc.stderr
-    assert (f"--wheel-file {wheel_path} matches the pin (sha256) and is not needed: "
-            "sglang-upstream/ is already built from that wheel") in proc.stdout
+    assert (
+        f"--wheel-file {wheel_path} matches the pin (sha256) and is not needed: "
+        "sglang-upstream/ is already built from that wheel"
+    ) in proc.stdout
 
 
 def test_failed_apply_says_where_the_tree_is_and_what_to_run(two_patch_product: Product) -> None:
@@ -177,8 +191,14 @@ def test_failed_apply_says_where_the_tree_is_and_what_to_run(two_patch_product: 
     # The git route it offers runs from the product root and stops at the same patch.
     command = msg.split("`cd sglang-upstream && ")[1].split("`")[0]
     env = {**gitutil.git_env(), "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    proc = subprocess.run(["bash", "-c", f"cd sglang-upstream && {command}"], cwd=p.root, env=env,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["bash", "-c", f"cd sglang-upstream && {command}"],
+        cwd=p.root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode != 0 and patches.am_in_progress(p.upstream), proc.stdout + proc.stderr
     assert "Patch failed at 0001" in proc.stdout + proc.stderr
     patches.abort_am(p.upstream)
@@ -247,7 +267,10 @@ def test_header_without_why_fails_lint(two_patch_product: Product) -> None:
     name = series.read_order(d)[1]
     path = d / name
     path.write_bytes(path.read_bytes().replace(WHY.encode(), b"Probe."))
-    assert any(p.startswith(f"{name}: the message must say why") for p in patches.check(two_patch_product.target).problems)
+    assert any(
+        p.startswith(f"{name}: the message must say why")
+        for p in patches.check(two_patch_product.target).problems
+    )
 
 
 def test_conflicting_patch_stops_naming_patch_and_file(two_patch_product: Product) -> None:
@@ -286,7 +309,9 @@ def test_export_deletes_patches_dropped_from_the_commits(two_patch_product: Prod
 
 
 def test_patch_outside_python_sglang_is_refused(product: Product) -> None:
-    product.commit_patch("python/README-bf16k.md", None, "x\n", "[DSV4] a file outside the package", WHY, TRAILERS)
+    product.commit_patch(
+        "python/README-bf16k.md", None, "x\n", "[DSV4] a file outside the package", WHY, TRAILERS
+    )
     patches.export(product.target)
     name = series.read_order(product.target.series_dir)[0]
     assert any(f"{name}: touches python/README-bf16k.md" in p for p in patches.check(product.target).problems)
@@ -311,8 +336,9 @@ def test_apply_keeps_git_add_all_from_moving_the_gitlink(two_patch_product: Prod
     assert entry.split()[2] == p.target.load_pin().commit
 
 
-def test_submodule_fetch_failure_falls_back_to_the_wheel(tmp_path: Path, real_pin: pinmod.Pin,
-                                                        wheel_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_submodule_fetch_failure_falls_back_to_the_wheel(
+    tmp_path: Path, real_pin: pinmod.Pin, wheel_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fresh clone without network: the submodule clone fails, the wheel is used, the run says so."""
     root = tmp_path / "fresh"
     (root / "series").mkdir(parents=True)

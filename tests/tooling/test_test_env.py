@@ -30,7 +30,11 @@ def _decorator_python(node: ast.FunctionDef) -> object:
         if isinstance(deco, ast.Call) and ast.unparse(deco.func) == "nox.session":
             for kw in deco.keywords:
                 if kw.arg == "python":
-                    return ast.literal_eval(kw.value) if isinstance(kw.value, ast.Constant) else ast.unparse(kw.value)
+                    return (
+                        ast.literal_eval(kw.value)
+                        if isinstance(kw.value, ast.Constant)
+                        else ast.unparse(kw.value)
+                    )
     return None
 
 
@@ -45,7 +49,9 @@ def test_the_test_sessions_run_in_the_one_shared_environment() -> None:
         assert "_in_test_env" in calls, f"session {name} does not run in the shared test environment"
     # build keeps its own venv for a deployment's torch (system site-packages); without one it
     # builds in the shared environment rather than install a second torch.
-    assert "_in_test_env" in {ast.unparse(c.func) for c in ast.walk(functions["build"]) if isinstance(c, ast.Call)}
+    assert "_in_test_env" in {
+        ast.unparse(c.func) for c in ast.walk(functions["build"]) if isinstance(c, ast.Call)
+    }
     assert "torch==" not in ast.unparse(functions["build"])
     helper = ast.unparse(functions["_in_test_env"])
     assert "'test-env'" in helper and "session.name" in helper
@@ -68,8 +74,12 @@ def _project(tmp_path: Path) -> Path:
 def _test_env(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bf16k", "--root", str(root), "test-env", "--label", "probe", "--", *args],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
 
 
 SHOW = "import sys, tempfile, probe_pkg; print('prefix', sys.prefix); print('tmp', tempfile.gettempdir())"
@@ -130,7 +140,6 @@ def test_venvs_of_earlier_versions_are_named_with_the_room_they_take(tmp_path: P
 def test_readme_sets_up_in_two_commands() -> None:
     commands = freshclone.readme_setup_commands((ROOT / "README.md").read_text())
     assert commands == ["nox -s apply build", "nox -s tests"]
-
 
 
 def test_readme_figures_are_the_committed_fresh_clone_measurement() -> None:

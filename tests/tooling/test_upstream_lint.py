@@ -22,11 +22,23 @@ from .conftest import REPO_ROOT
 
 def _patch(files: dict[str, list[str]], *, new: bool = True) -> bytes:
     """A format-patch adding ``files`` (path -> added lines) as new files."""
-    out = ["From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001",
-           "From: A <a@example.com>", "Subject: [DSV4] synthetic", "", "Why.", "", "---"]  # fmt: skip
+    out = [
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001",
+        "From: A <a@example.com>",
+        "Subject: [DSV4] synthetic",
+        "",
+        "Why.",
+        "",
+        "---",
+    ]
     for path, lines in files.items():
-        out += [f"diff --git a/{path} b/{path}", "new file mode 100644" if new else "index 1..2 100644",
-                "--- /dev/null" if new else f"--- a/{path}", f"+++ b/{path}", f"@@ -0,0 +1,{len(lines)} @@"]  # fmt: skip
+        out += [
+            f"diff --git a/{path} b/{path}",
+            "new file mode 100644" if new else "index 1..2 100644",
+            "--- /dev/null" if new else f"--- a/{path}",
+            f"+++ b/{path}",
+            f"@@ -0,0 +1,{len(lines)} @@",
+        ]
         out += [f"+{line}" for line in lines]
     return ("\n".join(out) + "\n").encode()
 
@@ -36,12 +48,23 @@ TEST = "test/registered/unit/layers/attention/test_probe.py"
 
 
 def test_production_code_naming_the_product_or_the_interpreter_is_reported() -> None:
-    data = _patch({
-        PROD: ["import os", "from verify.recall import metrics", "if os.environ.get('TRITON_INTERPRET'):",
-               "    _INTERPRETED = True", "# checked by tier 2 of bf16k", "x = 1"],
-        TEST: ["import os", "os.environ.setdefault('TRITON_INTERPRET', '1')  # tests may run interpreted",
-               "data = '/work/main/build/x'"],
-    })  # fmt: skip
+    data = _patch(
+        {
+            PROD: [
+                "import os",
+                "from verify.recall import metrics",
+                "if os.environ.get('TRITON_INTERPRET'):",
+                "    _INTERPRETED = True",
+                "# checked by tier 2 of bf16k",
+                "x = 1",
+            ],
+            TEST: [
+                "import os",
+                "os.environ.setdefault('TRITON_INTERPRET', '1')  # tests may run interpreted",
+                "data = '/work/main/build/x'",
+            ],
+        }
+    )
     found = upstreamlint.scan_patch("p.patch", data)
     where = {(f.check, f.where) for f in found}
     # Production lines 2-5 each break a rule; line 6 is clean.
@@ -61,7 +84,11 @@ def test_added_lines_count_from_each_hunk() -> None:
         b"diff --git a/a.py b/a.py\nindex 1..2 100644\n--- a/a.py\n+++ b/a.py\n"
         b"@@ -10,3 +10,4 @@ def f():\n ctx\n-old\n+new\n+new2\n ctx\n@@ -40 +41,2 @@\n ctx\n+late\n"
     )
-    assert list(upstreamlint.added_lines(data)) == [("a.py", 11, "new"), ("a.py", 12, "new2"), ("a.py", 42, "late")]
+    assert list(upstreamlint.added_lines(data)) == [
+        ("a.py", 11, "new"),
+        ("a.py", 12, "new2"),
+        ("a.py", 42, "late"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -81,22 +108,35 @@ def test_unregistered_or_unrunnable_test_files_are_reported(ci: ModuleType) -> N
     main = 'if __name__ == "__main__":\n    unittest.main()\n'
     head = "import unittest\nfrom sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci, register_amd_ci\n"
     assert _problems(ci, head + "def test_x():\n    pass\n" + main) == [
-        "no CI registration (register_cuda_ci / register_cpu_ci): upstream's CI never runs it"]
+        "no CI registration (register_cuda_ci / register_cpu_ci): upstream's CI never runs it"
+    ]
     # Arguments upstream's parser refuses: suite and stage together; a non-constant est_time.
     bad = _problems(ci, head + 'register_cuda_ci(est_time=5, suite="s", stage="base-b")\n' + main)
     assert len(bad) == 1 and "ut_parse_one_file refuses it" in bad[0] and TEST in bad[0]
-    assert "est_time" in _problems(ci, head + 'T = 5\nregister_cpu_ci(est_time=T, suite="base-a-test-cpu")\n' + main)[0]
+    assert (
+        "est_time"
+        in _problems(ci, head + 'T = 5\nregister_cpu_ci(est_time=T, suite="base-a-test-cpu")\n' + main)[0]
+    )
     # Registered, but `python3 file.py` (how upstream's CI runs it) would run nothing.
     no_main = _problems(ci, head + 'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\n')
     assert len(no_main) == 1 and "__main__" in no_main[0]
     assert _problems(ci, head + 'register_amd_ci(est_time=5, suite="amd")\n' + main) == [
-        "registers for neither CUDA nor CPU CI: AMD"]
+        "registers for neither CUDA nor CPU CI: AMD"
+    ]
     # Both accepted forms: legacy suite, and the (stage, runner_config) pair; a disabled one needs no entry.
     assert _problems(ci, head + 'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\n' + main) == []
-    assert _problems(ci, head + 'register_cuda_ci(est_time=30, stage="base-b", runner_config="1-gpu-small")\n'
-                     'if __name__ == "__main__":\n    import sys, pytest\n    sys.exit(pytest.main([__file__]))\n') == []
+    assert (
+        _problems(
+            ci,
+            head + 'register_cuda_ci(est_time=30, stage="base-b", runner_config="1-gpu-small")\n'
+            'if __name__ == "__main__":\n    import sys, pytest\n    sys.exit(pytest.main([__file__]))\n',
+        )
+        == []
+    )
     assert _problems(ci, head + 'register_cuda_ci(est_time=30, suite="s", disabled="flaky")\n') == []
-    parsed = upstreamlint.parse_test(ci, head + 'register_cuda_ci(est_time=30, stage="base-b", runner_config="1-gpu-small")\n', TEST)
+    parsed = upstreamlint.parse_test(
+        ci, head + 'register_cuda_ci(est_time=30, stage="base-b", runner_config="1-gpu-small")\n', TEST
+    )
     assert [r.label for r in parsed.registrations] == ["CUDA `base-b-test-1-gpu-small` (~30 s)"]
 
 
@@ -110,7 +150,9 @@ def _ruff() -> str:
 def test_ruff_uses_upstreams_settings_not_the_products(tmp_path: Path) -> None:
     ruff = _ruff()
     (tmp_path / "pyproject.toml").write_text("[tool.ruff]\nline-length = 200\n")  # ignored: --isolated
-    (tmp_path / "ok.py").write_text('import os\n\nimport torch\n\nfrom sglang.srt import utils\n\nX = (os, torch, utils)\n')
+    (tmp_path / "ok.py").write_text(
+        "import os\n\nimport torch\n\nfrom sglang.srt import utils\n\nX = (os, torch, utils)\n"
+    )
     (tmp_path / "long.py").write_text("x = [" + ", ".join(str(i) for i in range(40)) + "]\n")  # > 88 columns
     (tmp_path / "order.py").write_text("from sglang.srt import utils\nimport torch\n\nX = (utils, torch)\n")
     found = upstreamlint.ruff_findings(tmp_path, ["ok.py", "long.py", "order.py"], ruff)
@@ -157,7 +199,11 @@ def test_real_series_lint_runs_end_to_end() -> None:
     t = _real()
     report = upstreamlint.run(t, _ruff())
     assert not [f for f in report.findings if f.check in ("format", "isort", "map")], report.findings
-    assert all(f.where.split(":")[0].endswith(".patch") for f in report.findings if f.check in ("production", "tests"))
+    assert all(
+        f.where.split(":")[0].endswith(".patch")
+        for f in report.findings
+        if f.check in ("production", "tests")
+    )
     assert any("Python file(s) the series touches" in n for n in report.notes)
 
 

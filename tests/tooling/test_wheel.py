@@ -31,8 +31,12 @@ SERVER_ARGS = "python/sglang/srt/server_args.py"
 PROBE = "python/sglang/srt/bf16k_wheel_probe.py"
 DELETED = "python/sglang/README.md"
 MARKER = "bf16k-wheel-fixture-marker"
-ENV = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.com",
-       "GIT_AUTHOR_DATE": "1700000000 +0000", "GIT_COMMITTER_DATE": "1700000000 +0000"}  # fmt: skip
+ENV = {
+    "GIT_AUTHOR_NAME": "Test Author",
+    "GIT_AUTHOR_EMAIL": "author@example.com",
+    "GIT_AUTHOR_DATE": "1700000000 +0000",
+    "GIT_COMMITTER_DATE": "1700000000 +0000",
+}
 
 
 def _delete_patch(p: Product, path: str, subject: str) -> None:
@@ -50,15 +54,27 @@ class Built:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, base_repo: Path, real_pin: pinmod.Pin,
-          wheel_path: Path) -> Built:
+def built(
+    tmp_path_factory: pytest.TempPathFactory, base_repo: Path, real_pin: pinmod.Pin, wheel_path: Path
+) -> Built:
     root = tmp_path_factory.mktemp("wheel") / "product"
     p = make_product(root, base_repo, real_pin)
-    p.commit_patch(SERVER_ARGS, "logger = logging.getLogger(__name__)\n",
-                   f'logger = logging.getLogger(__name__)\nBF16K_WHEEL_MARKER = "{MARKER}"\n',
-                   "[DSV4] server args: add a fixture marker", WHY, TRAILERS)
-    p.commit_patch(PROBE, None, '"""Fixture module the series adds."""\nVALUE = 42\n',
-                   "[DSV4] add a probe module", WHY, TRAILERS)
+    p.commit_patch(
+        SERVER_ARGS,
+        "logger = logging.getLogger(__name__)\n",
+        f'logger = logging.getLogger(__name__)\nBF16K_WHEEL_MARKER = "{MARKER}"\n',
+        "[DSV4] server args: add a fixture marker",
+        WHY,
+        TRAILERS,
+    )
+    p.commit_patch(
+        PROBE,
+        None,
+        '"""Fixture module the series adds."""\nVALUE = 42\n',
+        "[DSV4] add a probe module",
+        WHY,
+        TRAILERS,
+    )
     _delete_patch(p, DELETED, "[DSV4] drop the package README")
     patches.export(p.target)
     first = wheel.build_wheel(p.target)
@@ -76,13 +92,29 @@ def _install(env_dir: Path, whl: Path) -> Path:
     venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
     py = env_dir / "bin" / "python"
     proc = subprocess.run(
-        [str(py), "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile",
-         "--disable-pip-version-check", "-q", str(whl)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "-q",
+            str(whl),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     # Root-Is-Purelib is false for sglang: pip puts it in platlib, the same folder in a venv.
     return Path(site)
 
@@ -91,8 +123,9 @@ def _run_in_site(site: Path, code: str) -> subprocess.CompletedProcess[str]:
     """Run code with the fresh venv's site-packages ahead of this environment's (torch etc.)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=site,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=site, check=False
+    )
 
 
 def _tree_files(repo: Path, rev: str) -> dict[str, str]:
@@ -120,7 +153,7 @@ def test_record_verifies_every_hash_and_size(built: Built) -> None:
                 assert (hashed, size) == ("", "")
                 continue
             data = zf.read(name)
-            assert hashed.startswith("sha256=") and "=" not in hashed[len("sha256="):]
+            assert hashed.startswith("sha256=") and "=" not in hashed[len("sha256=") :]
             assert hashed == wheel.record_hash(data) and int(size) == len(data), name
         assert files[-1] == info + "RECORD"
 
@@ -141,11 +174,18 @@ def test_version_and_file_name_carry_the_series_hash(built: Built) -> None:
         metadata = zf.read(info + "METADATA").decode()
         assert f"\nVersion: {version}\n" in metadata and "\nVersion: 0.5.21\n" not in metadata
         wheel_meta = zf.read(info + "WHEEL").decode()
-        assert "Tag: cp311-cp311-manylinux_2_34_x86_64" in wheel_meta and "Root-Is-Purelib: false" in wheel_meta
+        assert (
+            "Tag: cp311-cp311-manylinux_2_34_x86_64" in wheel_meta and "Root-Is-Purelib: false" in wheel_meta
+        )
         prov = json.loads(zf.read(info + "bf16k.json"))
-        assert prov["series_hash"] == shash and prov["upstream_wheel_sha256"] == p.target.load_pin().wheel.sha256
-        assert prov["changed"] == {"sglang/README.md": "D", "sglang/srt/bf16k_wheel_probe.py": "A",
-                                   "sglang/srt/server_args.py": "M"}
+        assert (
+            prov["series_hash"] == shash and prov["upstream_wheel_sha256"] == p.target.load_pin().wheel.sha256
+        )
+        assert prov["changed"] == {
+            "sglang/README.md": "D",
+            "sglang/srt/bf16k_wheel_probe.py": "A",
+            "sglang/srt/server_args.py": "M",
+        }
         # Fixed timestamps and Unix permissions on every member.
         assert {i.date_time for i in zf.infolist()} == {wheel.ZIP_DATE}
         assert {i.external_attr >> 16 for i in zf.infolist()} <= {0o100644, 0o100755}
@@ -155,7 +195,11 @@ def test_wheel_holds_exactly_the_patched_tree(built: Built) -> None:
     p = built.product
     expected = _tree_files(p.upstream, "HEAD")
     with zipfile.ZipFile(built.first.path) as zf:
-        got = {n: wheel.git_blob_id(zf.read(n)) for n in zf.namelist() if n.startswith("sglang/") and not n.endswith("/")}
+        got = {
+            n: wheel.git_blob_id(zf.read(n))
+            for n in zf.namelist()
+            if n.startswith("sglang/") and not n.endswith("/")
+        }
     assert got == expected
     assert "sglang/README.md" not in got and "sglang/srt/bf16k_wheel_probe.py" in got
 
@@ -172,13 +216,21 @@ def test_pip_installs_it_into_a_fresh_venv_with_the_patched_files(built: Built) 
     installed = {}
     for path in sorted((built.site / "sglang").rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
-            installed["sglang/" + path.relative_to(built.site / "sglang").as_posix()] = wheel.git_blob_id(path.read_bytes())
+            installed["sglang/" + path.relative_to(built.site / "sglang").as_posix()] = wheel.git_blob_id(
+                path.read_bytes()
+            )
     assert installed == expected
     proc = subprocess.run(
-        [str(built.venv / "bin" / "python"), "-c",
-         "import importlib.metadata as m; d = m.distribution('sglang'); print(d.version); print(d.read_text('bf16k.json'))"],
-        capture_output=True, text=True, cwd=built.venv, check=False,
-    )  # fmt: skip
+        [
+            str(built.venv / "bin" / "python"),
+            "-c",
+            "import importlib.metadata as m; d = m.distribution('sglang'); print(d.version); print(d.read_text('bf16k.json'))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=built.venv,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     version, _, prov = proc.stdout.partition("\n")
     assert version == built.first.version
@@ -225,10 +277,23 @@ def test_refuses_a_tree_not_applied_at_the_current_series(built: Built) -> None:
     assert not (built.venv.parent / "refused").exists()
 
 
-def test_cli_prints_path_and_sha256(built: Built, wheel_path: Path, capsys: pytest.CaptureFixture[str],
-                                    tmp_path: Path) -> None:
-    assert cli.main(["--root", str(built.product.root), "wheel", "--out", str(tmp_path),
-                     "--wheel-file", str(wheel_path)]) == 0
+def test_cli_prints_path_and_sha256(
+    built: Built, wheel_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert (
+        cli.main(
+            [
+                "--root",
+                str(built.product.root),
+                "wheel",
+                "--out",
+                str(tmp_path),
+                "--wheel-file",
+                str(wheel_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     path = Path(out.split("wheel: ")[1].split("\n")[0])
     # Shown relative to the working folder when it lies inside (pytest's may: build/tmp/).
@@ -295,7 +360,9 @@ print("ok")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("feature", sorted(REAL_CHECKS))
-def test_real_series_wheel_has_the_bf16_option(feature: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_real_series_wheel_has_the_bf16_option(
+    feature: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """With the real series applied, the installed wheel has the bf16 option (patch 5) and the bf16
     bytes-per-key accounting (patch 1). Set PYTHONPATH to add a dependency shim (it goes after the
     wheel's site-packages)."""
@@ -304,16 +371,24 @@ def test_real_series_wheel_has_the_bf16_option(feature: str, tmp_path_factory: p
         pytest.skip(why)
     needle, code = REAL_CHECKS[feature]
     tree = REPO_ROOT / SUBMODULE_PATH
-    if gitutil.git(["grep", "-q", "-F", needle, "HEAD", "--", "python/sglang/"], tree, check=False).returncode:
+    if gitutil.git(
+        ["grep", "-q", "-F", needle, "HEAD", "--", "python/sglang/"], tree, check=False
+    ).returncode:
         pytest.skip(f"the applied real series does not contain {needle!r} yet (its patch has not landed)")
     site = _real_site(tmp_path_factory)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, "-c", REAL_WRAPPER, str(site), code], capture_output=True,
-                          text=True, env=env, cwd=site, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", REAL_WRAPPER, str(site), code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=site,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     if proc.stdout.startswith("ENV-SKIP"):
-        pytest.skip(f"this environment cannot import the module: {proc.stdout.strip()[len('ENV-SKIP '):]}")
+        pytest.skip(f"this environment cannot import the module: {proc.stdout.strip()[len('ENV-SKIP ') :]}")
     assert proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr[-3000:]
 
 

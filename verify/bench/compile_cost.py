@@ -76,7 +76,12 @@ def capture_sizes(speculative: bool = False, max_bs: int = H200_TP8_MAX_BS) -> l
     try:
         argv = ["--model-path", str(config_dir)]
         if speculative:
-            argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-draft-tokens", str(MTP_DRAFT_TOKENS)]
+            argv += [
+                "--speculative-algorithm",
+                "EAGLE",
+                "--speculative-num-draft-tokens",
+                str(MTP_DRAFT_TOKENS),
+            ]
         args = ServerArgs.from_cli_args(parser.parse_args(argv))
         return list(generate_decode_cuda_graph_batch_sizes(args, max_bs))
     finally:
@@ -222,8 +227,13 @@ def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
 
     paged, _ = load_bf16_kernel_module()
     prefill, _ = load_bf16_prefill_module()
-    counter = Counter({"bf16_paged_mqa_logits": paged._bf16_paged_mqa_logits_kernel,
-                       "bf16_mqa_logits": prefill._bf16_mqa_logits_kernel}, {})
+    counter = Counter(
+        {
+            "bf16_paged_mqa_logits": paged._bf16_paged_mqa_logits_kernel,
+            "bf16_mqa_logits": prefill._bf16_mqa_logits_kernel,
+        },
+        {},
+    )
     out = []
     for name, rows_per_req, bss in (("capture", 1, sizes), ("mtp", MTP_DRAFT_TOKENS, mtp_sizes)):
         phase = Phase(name, "bf16")
@@ -234,10 +244,21 @@ def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
                 group = rows_per_req if rows_per_req > 1 and rows <= paged.MAX_GROUPED_ROWS else 1
 
                 def call(x: dict[str, Any] = x, group: int = group) -> Any:
-                    return paged.bf16_paged_mqa_logits(x["q"], x["kv"], x["w"], x["lens"], x["table"], None,
-                                                       x["width"], False, group_rows=group)
+                    return paged.bf16_paged_mqa_logits(
+                        x["q"],
+                        x["kv"],
+                        x["w"],
+                        x["lens"],
+                        x["table"],
+                        None,
+                        x["width"],
+                        False,
+                        group_rows=group,
+                    )
 
-                phase.calls.append(_timed(f"bs={bs} ({rows} rows, group_rows={group})", call, counter, capture=True))
+                phase.calls.append(
+                    _timed(f"bs={bs} ({rows} rows, group_rows={group})", call, counter, capture=True)
+                )
         except Exception as error:  # noqa: BLE001 - recorded, the other phases go on
             phase.error = f"{type(error).__name__}: {error}"[:300]
         out.append(phase)
@@ -248,8 +269,9 @@ def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
             x["lens"].copy_(_prefill_inputs(rows, x["width"])["ke"])
 
             def paged_call(x: dict[str, Any] = x) -> Any:
-                return paged.bf16_paged_mqa_logits(x["q"], x["kv"], x["w"], x["lens"], x["table"], None,
-                                                   x["width"], False)
+                return paged.bf16_paged_mqa_logits(
+                    x["q"], x["kv"], x["w"], x["lens"], x["table"], None, x["width"], False
+                )
 
             phase.calls.append(_timed(f"paged, {rows} rows", paged_call, counter, capture=False))
         for rows in NONPAGED_PREFILL_ROWS:
@@ -257,11 +279,20 @@ def bf16_phases(sizes: list[int], mtp_sizes: list[int]) -> list[Phase]:
             x = _prefill_inputs(rows, keys)
 
             def nonpaged_call(x: dict[str, Any] = x) -> Any:
-                return prefill.bf16_mqa_logits(x["q"], x["kv_bf16"], x["w"], x["ks"], x["ke"], x["width"],
-                                               page_table=x["table"], clean_logits=False)
+                return prefill.bf16_mqa_logits(
+                    x["q"],
+                    x["kv_bf16"],
+                    x["w"],
+                    x["ks"],
+                    x["ke"],
+                    x["width"],
+                    page_table=x["table"],
+                    clean_logits=False,
+                )
 
-            phase.calls.append(_timed(f"prefill kernel, {rows} rows x {keys} keys", nonpaged_call, counter,
-                                      capture=False))
+            phase.calls.append(
+                _timed(f"prefill kernel, {rows} rows x {keys} keys", nonpaged_call, counter, capture=False)
+            )
     except Exception as error:  # noqa: BLE001
         phase.error = f"{type(error).__name__}: {error}"[:300]
     out.append(phase)
@@ -294,8 +325,9 @@ def fp8_phases(sizes: list[int], mtp_sizes: list[int], folders: dict[str, Path])
 
                 def call(x: dict[str, Any] = x, lens2: Any = lens2) -> Any:
                     schedule = metadata(x["lens"], PAGE, sms)
-                    return dg.fp8_paged_mqa_logits(x["q"], x["kv"], x["w"], lens2, x["table"], schedule,
-                                                   x["width"], False)
+                    return dg.fp8_paged_mqa_logits(
+                        x["q"], x["kv"], x["w"], lens2, x["table"], schedule, x["width"], False
+                    )
 
                 phase.calls.append(_timed(f"bs={bs} ({rows} rows)", call, counter, capture=True))
         except Exception as error:  # noqa: BLE001
@@ -309,8 +341,9 @@ def fp8_phases(sizes: list[int], mtp_sizes: list[int], folders: dict[str, Path])
 
             def paged_call(x: dict[str, Any] = x) -> Any:
                 schedule = metadata(x["lens"], PAGE, sms)
-                return dg.fp8_paged_mqa_logits(x["q"], x["kv"], x["w"], x["lens"].reshape(-1, 1), x["table"],
-                                               schedule, x["width"], False)
+                return dg.fp8_paged_mqa_logits(
+                    x["q"], x["kv"], x["w"], x["lens"].reshape(-1, 1), x["table"], schedule, x["width"], False
+                )
 
             phase.calls.append(_timed(f"paged, {rows} rows", paged_call, counter, capture=False))
         for rows in NONPAGED_PREFILL_ROWS:
@@ -318,11 +351,24 @@ def fp8_phases(sizes: list[int], mtp_sizes: list[int], folders: dict[str, Path])
             x = _prefill_inputs(rows, keys)
 
             def nonpaged_call(x: dict[str, Any] = x) -> Any:
-                return dg.fp8_mqa_logits(x["q"], (x["k_fp8"], x["k_scale"]), x["w"], x["ks"], x["ke"],
-                                         clean_logits=False, max_seqlen_k=x["width"])
+                return dg.fp8_mqa_logits(
+                    x["q"],
+                    (x["k_fp8"], x["k_scale"]),
+                    x["w"],
+                    x["ks"],
+                    x["ke"],
+                    clean_logits=False,
+                    max_seqlen_k=x["width"],
+                )
 
-            phase.calls.append(_timed(f"non-paged fp8_mqa_logits, {rows} rows x {keys} keys", nonpaged_call,
-                                      counter, capture=False))
+            phase.calls.append(
+                _timed(
+                    f"non-paged fp8_mqa_logits, {rows} rows x {keys} keys",
+                    nonpaged_call,
+                    counter,
+                    capture=False,
+                )
+            )
     except Exception as error:  # noqa: BLE001
         phase.error = f"{type(error).__name__}: {error}"[:300]
     out.append(phase)
@@ -352,8 +398,10 @@ def run(pass_name: str, cache: Path) -> dict[str, Any]:
         "context_keys": CONTEXT_KEYS,
         "fp8": fp8_how,
         "seconds": round(time.perf_counter() - t0, 2),
-        "phases": [{"name": p.name, "format": p.fmt, **p.summary(), "calls_detail": [asdict(c) for c in p.calls]}
-                   for p in bf16 + fp8],
+        "phases": [
+            {"name": p.name, "format": p.fmt, **p.summary(), "calls_detail": [asdict(c) for c in p.calls]}
+            for p in bf16 + fp8
+        ],
     }
 
 
@@ -378,15 +426,28 @@ def run_passes(out: Path, cache: Path, timeout: float = 150.0) -> dict[str, Any]
     result: dict[str, Any] = {}
     for name in ("cold", "warm"):
         path = out / f"compile-{name}.json"
-        cmd = [sys.executable, "-m", "verify.bench.compile_cost", "--pass", name, "--cache", str(cache),
-               "--out", str(path)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "verify.bench.compile_cost",
+            "--pass",
+            name,
+            "--cache",
+            str(cache),
+            "--out",
+            str(path),
+        ]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, env=child_env(cache), capture_output=True, text=True, timeout=timeout,
-                                  check=False)
+            proc = subprocess.run(
+                cmd, env=child_env(cache), capture_output=True, text=True, timeout=timeout, check=False
+            )
             ok = proc.returncode == 0 and path.is_file()
-            result[name] = (json.loads(path.read_text()) if ok else
-                            {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-600:]}"})
+            result[name] = (
+                json.loads(path.read_text())
+                if ok
+                else {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-600:]}"}
+            )
         except subprocess.TimeoutExpired:
             result[name] = {"error": f"timed out after {timeout:.0f} s"}
         result[name]["wall_seconds"] = round(time.perf_counter() - t0, 2)
@@ -401,15 +462,21 @@ def run_passes(out: Path, cache: Path, timeout: float = 150.0) -> dict[str, Any]
 def table(result: dict[str, Any]) -> str:
     """Per phase and format: variants compiled and seconds, cold beside warm."""
     cold, warm = result.get("cold", {}), result.get("warm", {})
-    lines = [(f"{'compile':<10} {'format':<6} {'calls':>5} {'variants (cold)':>16} {'s in compiling calls':>21} "
-              f"{'s total (cold)':>15} {'s total (warm)':>15}  variants by kernel / cache")]
+    lines = [
+        (
+            f"{'compile':<10} {'format':<6} {'calls':>5} {'variants (cold)':>16} {'s in compiling calls':>21} "
+            f"{'s total (cold)':>15} {'s total (warm)':>15}  variants by kernel / cache"
+        )
+    ]
     by_warm = {(p["name"], p["format"]): p for p in warm.get("phases", [])}
     for p in cold.get("phases", []):
         w = by_warm.get((p["name"], p["format"]), {})
-        lines.append(f"{p['name']:<10} {p['format']:<6} {p['calls']:>5} {p['variants_total']:>16} "
-                     f"{p['seconds_in_compiling_calls']:>21.2f} {p['seconds_total']:>15.2f} "
-                     f"{w.get('seconds_total', float('nan')):>15.2f}  {p['variants']}"
-                     + (f"  ERROR {p['error']}" if p.get("error") else ""))
+        lines.append(
+            f"{p['name']:<10} {p['format']:<6} {p['calls']:>5} {p['variants_total']:>16} "
+            f"{p['seconds_in_compiling_calls']:>21.2f} {p['seconds_total']:>15.2f} "
+            f"{w.get('seconds_total', float('nan')):>15.2f}  {p['variants']}"
+            + (f"  ERROR {p['error']}" if p.get("error") else "")
+        )
     for name, res in (("cold", cold), ("warm", warm)):
         if "error" in res:
             lines.append(f"{name} pass: {res['error'][:300]}")

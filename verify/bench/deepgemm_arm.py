@@ -50,15 +50,20 @@ def load() -> tuple[Any | None, str]:
         return None, f"not run: deep_gemm does not import here ({type(error).__name__}: {error})"[:300]
     if getattr(deep_gemm, "IS_STUB", False) or getattr(deep_gemm, "IS_BF16K_STAND_IN", False):
         return None, "not run: only a stand-in of deep_gemm is on the path (GPU runner: USE_DEEPGEMM=1)"
-    missing = [n for n in ("fp8_paged_mqa_logits", "fp8_mqa_logits", "get_paged_mqa_logits_metadata")
-               if not hasattr(deep_gemm, n)]
+    missing = [
+        n
+        for n in ("fp8_paged_mqa_logits", "fp8_mqa_logits", "get_paged_mqa_logits_metadata")
+        if not hasattr(deep_gemm, n)
+    ]
     if missing:
         return None, f"not run: this deep_gemm lacks {', '.join(missing)}"
     return deep_gemm, f"deep_gemm {getattr(deep_gemm, '__version__', '?')} from {deep_gemm.__file__}"
 
 
 def _valid(logits: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    keep = torch.arange(logits.shape[1], device=logits.device)[None, :] < lengths.reshape(-1, 1).to(logits.device)
+    keep = torch.arange(logits.shape[1], device=logits.device)[None, :] < lengths.reshape(-1, 1).to(
+        logits.device
+    )
     return logits.float()[keep]
 
 
@@ -122,8 +127,13 @@ def nonpaged_prefill_call(
     def chunk(lo: int) -> torch.Tensor:
         rows = slice(lo, min(case.rows, lo + rows_per_chunk))
         return dg.fp8_mqa_logits(
-            q[rows], (k, sf), case.weights[rows], starts[rows], ends[rows],
-            clean_logits=False, max_seqlen_k=max_seqlen_k,
+            q[rows],
+            (k, sf),
+            case.weights[rows],
+            starts[rows],
+            ends[rows],
+            clean_logits=False,
+            max_seqlen_k=max_seqlen_k,
         )
 
     def run() -> None:
@@ -135,7 +145,14 @@ def nonpaged_prefill_call(
     last = (case.rows - 1) // rows_per_chunk * rows_per_chunk
     for lo in sorted({0, last}):
         rows = slice(lo, min(case.rows, lo + rows_per_chunk))
-        want = twin(case.q[rows], fp8_pool.view(-1, PAGE, 1, FP8_SLOT_BYTES), case.weights[rows],
-                    case.seq_lens[rows], case.page_table[rows], None, case.max_seq_len)
+        want = twin(
+            case.q[rows],
+            fp8_pool.view(-1, PAGE, 1, FP8_SLOT_BYTES),
+            case.weights[rows],
+            case.seq_lens[rows],
+            case.page_table[rows],
+            None,
+            case.max_seq_len,
+        )
         diff = max(diff, _check("fp8_mqa_logits", chunk(lo), want, ends[rows]))
     return run, diff, k.numel() * k.element_size() + sf.numel() * sf.element_size()

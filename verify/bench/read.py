@@ -202,8 +202,8 @@ class ShapeResult:
                 100 * self.key_bytes_bf16 / (self.bf16_default.ms * 1e-3) / HBM_BYTES_PER_S
             )
             # The physical fp8 floor: its key bytes (132 B a key) at 4.8 TB/s.
-            out["ratio_bf16_over_fp8_floor"] = self.bf16_default.ms * 1e-3 / (
-                self.key_bytes_fp8 / HBM_BYTES_PER_S
+            out["ratio_bf16_over_fp8_floor"] = (
+                self.bf16_default.ms * 1e-3 / (self.key_bytes_fp8 / HBM_BYTES_PER_S)
             )
         lean, best_split = self.bf16_default_lean, self.bf16_best_split_lean
         if lean and lean.ms and best_split and best_split.ms:
@@ -294,7 +294,9 @@ def sweep_configs(module: Any, level: str) -> list[Any]:
     return [c for c in sweep if (c.block_n, c.num_warps, c.swap_ab, c.num_stages) in wanted]
 
 
-def deepgemm_paged(case: Any, fp8_view: torch.Tensor, tables: list[torch.Tensor], args: argparse.Namespace) -> Timing:
+def deepgemm_paged(
+    case: Any, fp8_view: torch.Tensor, tables: list[torch.Tensor], args: argparse.Namespace
+) -> Timing:
     """DeepGEMM's paged fp8 scorer on the same pages as the twin, checked against it first."""
     from verify.bench import deepgemm_arm
     from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
@@ -404,7 +406,12 @@ def run_shape(shape: Shape, module: Any, args: argparse.Namespace) -> ShapeResul
                     continue
                 fixed = cls(block_n=block_n, num_warps=warps, num_stages=stages, split_n=split)
                 result.split_sweep_lean.append(
-                    timed("bf16 fixed split, clean_logits=False", bf16(fixed, fill_tail=False), args, asdict(fixed))
+                    timed(
+                        "bf16 fixed split, clean_logits=False",
+                        bf16(fixed, fill_tail=False),
+                        args,
+                        asdict(fixed),
+                    )
                 )
         result.bf16_best_split_lean = best(result.split_sweep_lean)
     else:
@@ -471,7 +478,9 @@ def dense_matmul(args: argparse.Namespace, n: int = 8192) -> dict[str, Any]:
     try:
         a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # column-major B
         one = torch.ones((), device="cuda")
-        ms8 = bench_ms(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16), args.warmup_ms, args.rep_ms)
+        ms8 = bench_ms(
+            lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16), args.warmup_ms, args.rep_ms
+        )
         out["fp8_ms"], out["fp8_tflops"] = ms8, 2 * n**3 / (ms8 * 1e-3) / 1e12
     except Exception as error:  # noqa: BLE001 - recorded; the bf16 rate is the one the targets use
         out["fp8_error"] = f"{type(error).__name__}: {error}"[:200]
@@ -777,8 +786,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{shape.name:<40} {time.time() - t0:5.1f}s  bf16 {_fmt_ms(r.bf16_best)} us "
             f"({d.get('bf16_hbm_pct', 0):.0f}% of 4.8 TB/s, {_cfg_tag(r.bf16_best)})  fp8 {_fmt_ms(r.fp8_best)} us  "
             f"gather {_fmt_ms(r.gather)} us"
-            + (f"  default/best split (clean_logits=False) {d['ratio_default_over_best_split_lean']:.2f}"
-               if "ratio_default_over_best_split_lean" in d else "")
+            + (
+                f"  default/best split (clean_logits=False) {d['ratio_default_over_best_split_lean']:.2f}"
+                if "ratio_default_over_best_split_lean" in d
+                else ""
+            )
             + f" {r.skipped or ''}",
             flush=True,
         )
@@ -790,14 +802,24 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         try:
             m = run_mtp(
-                requests, keys, next_n, module, args, timed,
+                requests,
+                keys,
+                next_n,
+                module,
+                args,
+                timed,
                 deepgemm=lambda case, view, tables: deepgemm_paged(case, view, tables, args),
             )
         except torch.cuda.OutOfMemoryError as error:
-            m = MtpResult(requests, keys, next_n, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}")
+            m = MtpResult(
+                requests, keys, next_n, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}"
+            )
             torch.cuda.empty_cache()
         mtp.append(m)
-        print(f"mtp[{requests}x{keys}x{next_n}] {time.time() - t0:5.1f}s {m.derived()} {m.skipped or ''}", flush=True)
+        print(
+            f"mtp[{requests}x{keys}x{next_n}] {time.time() - t0:5.1f}s {m.derived()} {m.skipped or ''}",
+            flush=True,
+        )
         save()
     for shape in [s for s in shapes if s.width]:
         time_shape(shape)
@@ -807,7 +829,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             p = run_long_prefill(tokens, module, args, timed, prefill_module=prefill_module)
         except torch.cuda.OutOfMemoryError as error:
-            p = LongPrefillResult(tokens, tokens // 4, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}")
+            p = LongPrefillResult(
+                tokens, tokens // 4, 0, skipped=f"out of memory: {str(error).splitlines()[0][:120]}"
+            )
             torch.cuda.empty_cache()
         long_prefill.append(p)
         print(f"long_prefill[{tokens}] {time.time() - t0:5.1f}s {p.derived()} {p.skipped or ''}", flush=True)
@@ -827,7 +851,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(compile_cost.table(compile_result))
     targets = evaluate(json.loads(path.read_text()))  # the README's target lines, for this run
-    print("Targets (each: the target, then how many shapes meet it):\n" + "\n".join(f"- {line}" for line in targets))
+    print(
+        "Targets (each: the target, then how many shapes meet it):\n"
+        + "\n".join(f"- {line}" for line in targets)
+    )
     return 0
 
 

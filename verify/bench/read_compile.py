@@ -35,7 +35,11 @@ from verify.core.provenance import SERIES_HASH, series_hash
 COMPARISON_GROUPS_OF_4 = "MTP verify, groups of 4, at the decode config's stages (not launched)"
 
 # The profiles compiled for: Triton's target capability and the op the dot must become there.
-TARGETS: dict[str, tuple[int, str]] = {"sm90": (90, "wgmma"), "sm100": (100, "tcgen05.mma"), "sm120": (120, "mma.sync")}
+TARGETS: dict[str, tuple[int, str]] = {
+    "sm90": (90, "wgmma"),
+    "sm100": (100, "tcgen05.mma"),
+    "sm120": (120, "mma.sync"),
+}
 
 _BF16_SIGNATURE = {
     "q_ptr": "*fp8e4nv",
@@ -208,8 +212,11 @@ def compile_for(
     signature = dict(pointer_sig)
     signature.update({name: "i32" for name in _INT_ARGS if name in names})
     consts: dict[str, Any] = {"H": heads, "D": 128, "PAGE": 64}
-    for name, value in (("BLOCK_N", getattr(config, "block_n", None)), ("SWAP_AB", getattr(config, "swap_ab", None)),
-                        ("INTERPRET", False)):  # the kernels that have them (the twin keeps an interpreter branch)
+    for name, value in (
+        ("BLOCK_N", getattr(config, "block_n", None)),
+        ("SWAP_AB", getattr(config, "swap_ab", None)),
+        ("INTERPRET", False),
+    ):  # the kernels that have them (the twin keeps an interpreter branch)
         if name in names:
             consts[name] = value
     consts.update(constexprs)
@@ -217,7 +224,11 @@ def compile_for(
     # What the launcher specialises: 16-byte alignment of pointers and of the integers not listed
     # in do_not_specialize (the counts are, so a server compiles one variant for all of them).
     unspecialised = {p.name for p in getattr(kernel, "params", []) if getattr(p, "do_not_specialize", False)}
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in _ALIGNED if a in names and a not in unspecialised}
+    attrs = {
+        (names.index(a),): [["tt.divisibility", 16]]
+        for a in _ALIGNED
+        if a in names and a not in unspecialised
+    }
     source = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
     capability, tensor_op = TARGETS[target]
     compiled = triton_compile(
@@ -246,7 +257,9 @@ def compile_for(
     )
 
 
-def bf16_constexprs(module: Any, config: Any, *, group_rows: int, length_aware: bool, fill_tail: bool) -> dict[str, Any]:
+def bf16_constexprs(
+    module: Any, config: Any, *, group_rows: int, length_aware: bool, fill_tail: bool
+) -> dict[str, Any]:
     """The constexprs ``bf16_paged_mqa_logits_with_config`` passes for a launch like this one
     (fp8 q, as the indexer hands it over; one 128-row block of lengths when length-aware)."""
     group_p = 1 << (group_rows - 1).bit_length()
@@ -275,7 +288,11 @@ def production_variants(module: Any, target: str = "sm90") -> list[tuple[str, An
         return module.select_config(8, 0, 64, group_rows, shared)
 
     return [
-        ("decode (indexer: length-aware, clean_logits=False)", decode, {"group_rows": 1, "length_aware": True, "fill_tail": False}),
+        (
+            "decode (indexer: length-aware, clean_logits=False)",
+            decode,
+            {"group_rows": 1, "length_aware": True, "fill_tail": False},
+        ),
         ("decode, clean_logits=True", decode, {"group_rows": 1, "length_aware": True, "fill_tail": True}),
         ("MTP verify, groups of 2", grouped(2), {"group_rows": 2, "length_aware": True, "fill_tail": False}),
         ("MTP verify, groups of 4", grouped(4), {"group_rows": 4, "length_aware": True, "fill_tail": False}),
@@ -294,27 +311,38 @@ def prefill_constexprs(config: Any, *, clean_logits: bool, q_fp8: bool = True) -
     }
 
 
-def prefill_variants(module: Any, target: str, all_variants: bool = False) -> list[tuple[str, Any, dict[str, Any], bool]]:
+def prefill_variants(
+    module: Any, target: str, all_variants: bool = False
+) -> list[tuple[str, Any, dict[str, Any], bool]]:
     """(name, config, constexpr options, production) of the prefill kernel for a profile's GPU: the
     config the module selects for its shared memory as the indexer calls it (``all_variants``: also
     with the fill, and bf16 q at 32 heads); and (not launched there) the large-smem config where it
     is not selected."""
     config = module.select_prefill_config(P.kernel_shared_memory(module, target), 64)
     out: list[tuple[str, Any, dict[str, Any], bool]] = [
-        ("prefill kernel (indexer: paged, clean_logits=False)", config, {"clean_logits": False}, True)]
+        ("prefill kernel (indexer: paged, clean_logits=False)", config, {"clean_logits": False}, True)
+    ]
     if all_variants:
         out += [
             ("prefill kernel, clean_logits=True", config, {"clean_logits": True}, True),
-            ("prefill kernel, bf16 q, 32 heads", config, {"clean_logits": False, "q_fp8": False, "heads": 32},
-             True),
+            (
+                "prefill kernel, bf16 q, 32 heads",
+                config,
+                {"clean_logits": False, "q_fp8": False, "heads": 32},
+                True,
+            ),
         ]
     large = module.CONFIGS["large_smem"]
     if config != large:
-        out.append(("prefill kernel, the 227-KB GPUs' config (not launched)", large, {"clean_logits": False}, False))
+        out.append(
+            ("prefill kernel, the 227-KB GPUs' config (not launched)", large, {"clean_logits": False}, False)
+        )
     return out
 
 
-def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = ("sm90",)) -> list[CompileReport]:
+def compile_read_kernels(
+    all_configs: bool = False, targets: tuple[str, ...] = ("sm90",)
+) -> list[CompileReport]:
     """The bf16 kernel (fp8 and bf16 q) for each target, and the fp8 twin (sm_90: it stands in for
     DeepGEMM on the H200); the default configs or, with ``all_configs``, the whole sweep."""
     from verify.core import fp8_twin
@@ -331,19 +359,37 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
     for target in targets:
         for name, config, launch in production_variants(module, target):
             reports.append(
-                compile_for(target, kernel, _BF16_SIGNATURE, config, variant=name,
-                            **bf16_constexprs(module, config, **launch))
+                compile_for(
+                    target,
+                    kernel,
+                    _BF16_SIGNATURE,
+                    config,
+                    variant=name,
+                    **bf16_constexprs(module, config, **launch),
+                )
             )
         # What groups of 4 took before the kernel module chose their stages by shared memory.
         grouped4: dict[str, Any] = {"group_rows": 4, "length_aware": True, "fill_tail": False}
-        report = compile_for(target, kernel, _BF16_SIGNATURE, decode, variant=COMPARISON_GROUPS_OF_4,
-                             **bf16_constexprs(module, decode, **grouped4))
+        report = compile_for(
+            target,
+            kernel,
+            _BF16_SIGNATURE,
+            decode,
+            variant=COMPARISON_GROUPS_OF_4,
+            **bf16_constexprs(module, decode, **grouped4),
+        )
         reports.append(replace(report, production=False))
         plain: dict[str, Any] = {"group_rows": 1, "length_aware": False, "fill_tail": True}
         for config in list(module.CONFIG_SWEEP) if all_configs else []:
             reports.append(
-                compile_for(target, kernel, _BF16_SIGNATURE, config, variant="sweep",
-                            **bf16_constexprs(module, config, **plain))
+                compile_for(
+                    target,
+                    kernel,
+                    _BF16_SIGNATURE,
+                    config,
+                    variant="sweep",
+                    **bf16_constexprs(module, config, **plain),
+                )
             )
         reports.append(
             compile_for(
@@ -353,7 +399,10 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
                 decode,
                 heads=32,
                 variant="bf16 q, 32 heads",
-                **{**bf16_constexprs(module, decode, group_rows=1, length_aware=True, fill_tail=False), "Q_FP8": False},
+                **{
+                    **bf16_constexprs(module, decode, group_rows=1, length_aware=True, fill_tail=False),
+                    "Q_FP8": False,
+                },
             )
         )
     from verify.core.upstream import load_bf16_prefill_module
@@ -364,12 +413,25 @@ def compile_read_kernels(all_configs: bool = False, targets: tuple[str, ...] = (
             options = dict(options)
             heads = options.pop("heads", 64)
             sig = {**_PREFILL_SIGNATURE, "q_ptr": "*fp8e4nv" if options.get("q_fp8", True) else "*bf16"}
-            report = compile_for(target, prefill_module._bf16_mqa_logits_kernel, sig, config, heads=heads,
-                                 variant=name, **prefill_constexprs(config, **options))
+            report = compile_for(
+                target,
+                prefill_module._bf16_mqa_logits_kernel,
+                sig,
+                config,
+                heads=heads,
+                variant=name,
+                **prefill_constexprs(config, **options),
+            )
             reports.append(report if production else replace(report, production=False))
     if "sm90" in targets:
         reports.append(
-            compile_for("sm90", fp8_twin._fp8_paged_mqa_logits_twin_kernel, _TWIN_SIGNATURE, decode, variant="fp8 twin")
+            compile_for(
+                "sm90",
+                fp8_twin._fp8_paged_mqa_logits_twin_kernel,
+                _TWIN_SIGNATURE,
+                decode,
+                variant="fp8 twin",
+            )
         )
     return reports
 
@@ -380,10 +442,20 @@ def as_json(reports: list[CompileReport]) -> dict[str, Any]:
     return {
         "triton": triton.__version__,
         SERIES_HASH: series_hash(),
-        "shared_memory": {t: {"per_block": P.SHARED_MEMORY[t][0], "per_sm": P.SHARED_MEMORY[t][1]}
-                          for t in sorted({r.target for r in reports})},
-        "reports": [{**asdict(r), "ok": r.ok, "pipelined": r.pipelined, "notes": r.notes,
-                     "shared_limit": r.shared_limit} for r in reports],
+        "shared_memory": {
+            t: {"per_block": P.SHARED_MEMORY[t][0], "per_sm": P.SHARED_MEMORY[t][1]}
+            for t in sorted({r.target for r in reports})
+        },
+        "reports": [
+            {
+                **asdict(r),
+                "ok": r.ok,
+                "pipelined": r.pipelined,
+                "notes": r.notes,
+                "shared_limit": r.shared_limit,
+            }
+            for r in reports
+        ],
     }
 
 
@@ -392,8 +464,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--all", action="store_true", help="every config of CONFIG_SWEEP, not just the default"
     )
-    parser.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=list(TARGETS),
-                        help="the GPUs to compile for (default: all)")
+    parser.add_argument(
+        "--targets",
+        nargs="+",
+        choices=sorted(TARGETS),
+        default=list(TARGETS),
+        help="the GPUs to compile for (default: all)",
+    )
     parser.add_argument("--out", type=Path, help="also write the reports as JSON to this file")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)

@@ -71,8 +71,14 @@ FP8_PEAK_FLOPS = 1978.9e12
 # them whole without reading logits): upstream's non-paged plan, for fp8 and bf16 alike.
 INDEX_TOPK = 512
 # The prefill kernel's sweep (--prefill-configs): each spec overrides fields of the default config.
-PREFILL_SWEEP_SMALL = ("block_r=32", "block_r=128", "num_warps=4", "maxnreg=none", "block_k=128",
-                       "block_k=128,num_warps=4")
+PREFILL_SWEEP_SMALL = (
+    "block_r=32",
+    "block_r=128",
+    "num_warps=4",
+    "maxnreg=none",
+    "block_k=128",
+    "block_k=128,num_warps=4",
+)
 LOGITS_CHUNK_BYTES = 4 * 2**30
 # (requests, final keys, rows per request)
 MTP_SHAPES = {
@@ -229,9 +235,18 @@ def _timing(label: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> dict[s
 # four stages: what groups of 4 run on sm_120 and ran before the stages followed shared memory;
 # 64/w8/s3: groups of 4 without sm_100's register spills (verify.bench.read_compile).
 GROUPED_SWEEP_SMALL = [
-    (32, 4, 4, True), (32, 4, 6, True), (64, 4, 2, True), (64, 4, 3, True), (64, 4, 4, True),
-    (64, 4, 5, True), (64, 8, 3, True), (64, 8, 4, True), (64, 4, 4, False), (128, 4, 3, True),
-    (128, 8, 3, True), (128, 8, 4, True),
+    (32, 4, 4, True),
+    (32, 4, 6, True),
+    (64, 4, 2, True),
+    (64, 4, 3, True),
+    (64, 4, 4, True),
+    (64, 4, 5, True),
+    (64, 8, 3, True),
+    (64, 8, 4, True),
+    (64, 4, 4, False),
+    (128, 4, 3, True),
+    (128, 8, 3, True),
+    (128, 8, 4, True),
 ]
 GROUPED_SPLIT_CAPS = [1024, 4096]  # max_split_n variants of the fastest block config
 SMEM_LIMIT = 220 * 1024  # an H100/H200 program's shared memory, with headroom
@@ -390,8 +405,9 @@ def _grouped_sweep(
     if timed_ok:
         top = min(timed_ok, key=lambda t: t["ms"])["config"]
         cls = type(configs[0])
-        sweep += [one(cls(**{**top, "max_split_n": cap})) for cap in GROUPED_SPLIT_CAPS
-                  if cap != top["max_split_n"]]
+        sweep += [
+            one(cls(**{**top, "max_split_n": cap})) for cap in GROUPED_SPLIT_CAPS if cap != top["max_split_n"]
+        ]
     return sweep
 
 
@@ -435,8 +451,14 @@ def _tilelang_reader() -> tuple[Callable[..., torch.Tensor] | None, str]:
 
 
 def _deepgemm_nonpaged(
-    case: ReadCase, fp8_pool: torch.Tensor, keys: int, chunk: int, args: Any, timed: Callable[..., Any],
-    result: LongPrefillResult, empty_at_most: int = 0,
+    case: ReadCase,
+    fp8_pool: torch.Tensor,
+    keys: int,
+    chunk: int,
+    args: Any,
+    timed: Callable[..., Any],
+    result: LongPrefillResult,
+    empty_at_most: int = 0,
 ) -> dict[str, Any]:
     """Upstream's default for this case, DeepGEMM's non-paged fp8_mqa_logits, where it imports;
     checked against the twin on the same pages before it is timed. ``empty_at_most``: rows of
@@ -457,8 +479,17 @@ def _deepgemm_nonpaged(
         return {"label": label, "ms": None, "error": f"{type(error).__name__}: {error}"[:300]}
     result.peak_extra_bytes["deepgemm_gathered_keys"] = gathered
     timing = _timing(label, timed, [run], args)
-    timing["note"] = "; ".join(filter(None, [timing.get("note"), f"calc_diff vs the twin {diff:.1e}",
-                                             "the one gather of the request's keys not timed", how]))
+    timing["note"] = "; ".join(
+        filter(
+            None,
+            [
+                timing.get("note"),
+                f"calc_diff vs the twin {diff:.1e}",
+                "the one gather of the request's keys not timed",
+                how,
+            ],
+        )
+    )
     return timing
 
 
@@ -480,8 +511,16 @@ def parse_prefill_config(module: Any, spec: str) -> Any:
 
 
 def _prefill_chunks(
-    fn: Callable[..., torch.Tensor], q: torch.Tensor, kv: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
-    ke: torch.Tensor, table: torch.Tensor, width: int, rows_per_chunk: int, config: Any = None,
+    fn: Callable[..., torch.Tensor],
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    weights: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    table: torch.Tensor,
+    width: int,
+    rows_per_chunk: int,
+    config: Any = None,
 ) -> Callable[[], None]:
     """One prefill's logits through the prefill kernel, row chunk by row chunk, as the dispatch
     runs its non-paged plan (the request's table, ``clean_logits=False``)."""
@@ -489,15 +528,29 @@ def _prefill_chunks(
     def run() -> None:
         for start in range(0, q.shape[0], rows_per_chunk):
             rows = slice(start, min(q.shape[0], start + rows_per_chunk))
-            out = fn(q[rows], kv, weights[rows], ks[rows], ke[rows], width, page_table=table,
-                     clean_logits=False, config=config)
+            out = fn(
+                q[rows],
+                kv,
+                weights[rows],
+                ks[rows],
+                ke[rows],
+                width,
+                page_table=table,
+                clean_logits=False,
+                config=config,
+            )
             del out
 
     return run
 
 
 def _prefill_sweep(
-    module: Any, specs: list[str], inputs: tuple[Any, ...], chunk: int, args: Any, timed: Callable[..., Any],
+    module: Any,
+    specs: list[str],
+    inputs: tuple[Any, ...],
+    chunk: int,
+    args: Any,
+    timed: Callable[..., Any],
 ) -> list[dict[str, Any]]:
     """The prefill kernel under each spec's config: its first and last chunk's logits against the
     default config's (where each row reads keys) before it is timed; a config that disagrees or
@@ -514,7 +567,9 @@ def _prefill_sweep(
             for lo in sorted({0, last}):
                 rows = slice(lo, min(q.shape[0], lo + chunk))
                 want = fn(q[rows], kv, weights[rows], ks[rows], ke[rows], width, page_table=table)
-                got = fn(q[rows], kv, weights[rows], ks[rows], ke[rows], width, page_table=table, config=config)
+                got = fn(
+                    q[rows], kv, weights[rows], ks[rows], ke[rows], width, page_table=table, config=config
+                )
                 why = _disagreement(got, want, ke[rows])
                 if why:
                     error = f"disagrees with the default: {why}"
@@ -522,8 +577,15 @@ def _prefill_sweep(
         except Exception as exc:  # noqa: BLE001 - a config that does not build is its result
             config, error = None, f"{type(exc).__name__}: {exc}"[:200]
         if error:
-            out.append({"label": label, "ms": None, "error": error,
-                        "config": asdict(config) if config is not None else {"spec": spec}, "note": None})
+            out.append(
+                {
+                    "label": label,
+                    "ms": None,
+                    "error": error,
+                    "config": asdict(config) if config is not None else {"spec": spec},
+                    "note": None,
+                }
+            )
             continue
         run = _prefill_chunks(fn, q, kv, weights, ks, ke, table, width, chunk, config)
         out.append(_timing(label, timed, [run], args, asdict(config)))
@@ -582,9 +644,16 @@ def run_long_prefill(
         max_seqlen_k = -(-keys // PAGE) * PAGE
         inputs = (q, bf16_kv, case.weights, ks, ke, table, max_seqlen_k)
         prefill_run = _prefill_chunks(prefill_module.bf16_mqa_logits_with_config, *inputs, chunk)
-        default = prefill_module.select_prefill_config(prefill_module._device_shared_memory(case.q.device), args.heads)
-        result.arms["bf16_prefill"] = _timing("bf16 prefill kernel (bf16_mqa_logits), as dispatched", timed,
-                                              [prefill_run], args, asdict(default))
+        default = prefill_module.select_prefill_config(
+            prefill_module._device_shared_memory(case.q.device), args.heads
+        )
+        result.arms["bf16_prefill"] = _timing(
+            "bf16 prefill kernel (bf16_mqa_logits), as dispatched",
+            timed,
+            [prefill_run],
+            args,
+            asdict(default),
+        )
         result.dispatch_arm, dispatch_run = "bf16_prefill", prefill_run
         specs = list(getattr(args, "prefill_configs", None) or [])
         result.prefill_sweep = _prefill_sweep(prefill_module, specs, inputs, chunk, args, timed)
@@ -599,7 +668,14 @@ def run_long_prefill(
         )
     result.peak_extra_bytes = {"one_chunk_logits": chunk * width * 4}
     result.arms["deepgemm_nonpaged"] = _deepgemm_nonpaged(
-        case, fp8_pool, keys, chunk, args, timed, result, empty_at_most=INDEX_TOPK if prefill_module is not None else 0
+        case,
+        fp8_pool,
+        keys,
+        chunk,
+        args,
+        timed,
+        result,
+        empty_at_most=INDEX_TOPK if prefill_module is not None else 0,
     )
     if device == "cuda":
         torch.cuda.synchronize()
@@ -660,5 +736,5 @@ def long_prefill_table(results: list[LongPrefillResult]) -> str:
         )
         for t in r.prefill_sweep:
             value = f"{t['ms']:.2f} ms" if t.get("ms") else f"n/a ({t.get('error') or ''})"[:120]
-            lines.append(f"    sweep {t['label'][len('bf16 prefill kernel, '):]:<28} {value}")
+            lines.append(f"    sweep {t['label'][len('bf16 prefill kernel, ') :]:<28} {value}")
     return "\n".join(lines)

@@ -109,7 +109,9 @@ def deepgemm_measured(art: Artifacts) -> bool:
 
 def decode_table(art: Artifacts) -> list[str]:
     dg = deepgemm_measured(art)
-    extra_head, extra_rule = (" bf16 / DeepGEMM | DeepGEMM % of 4.8 TB/s |", " --- | --- |") if dg else ("", "")
+    extra_head, extra_rule = (
+        (" bf16 / DeepGEMM | DeepGEMM % of 4.8 TB/s |", " --- | --- |") if dg else ("", "")
+    )
     lines = [
         "| decode, rows x keys | bf16 us | % of 4.8 TB/s | bf16 / fp8 twin | bf16 / fp8 floor | naive gather / bf16 |"
         + extra_head,
@@ -248,7 +250,9 @@ def mtp_table(art: Artifacts) -> list[str]:
         "|" + " --- |" * len(head),
     ]
     for m in mtp:
-        one, grouped, ungrouped, fp8 = (timing_ms(m.get(k)) for k in ("one_row", "grouped", "ungrouped", "fp8"))
+        one, grouped, ungrouped, fp8 = (
+            timing_ms(m.get(k)) for k in ("one_row", "grouped", "ungrouped", "fp8")
+        )
         cells = [
             _num(one * 1e3) if one else "n/a",
             _num(grouped * 1e3) if grouped else "n/a",
@@ -280,7 +284,9 @@ def mtp_sweep_table(art: Artifacts) -> list[str]:
     with its shared memory estimate and the programs per SM that leaves room for."""
     mtp = [m for m in art.read.get("mtp", []) if not m.get("skipped") and m.get("grouped_sweep")]
     if not mtp:
-        return [f"The grouped-mode config sweep: not measured (`{BENCH_COMMAND}` with `BENCH_ARGS=\"--sweep small\"`)."]
+        return [
+            f'The grouped-mode config sweep: not measured (`{BENCH_COMMAND}` with `BENCH_ARGS="--sweep small"`).'
+        ]
     heads = int(art.read["meta"].get("heads", 64))
     shapes = [f"{m['requests']} x {m['keys']:,}, {m['next_n']}" for m in mtp]
     cells: dict[tuple[str, int], dict[str, str]] = {}
@@ -292,11 +298,15 @@ def mtp_sweep_table(art: Artifacts) -> list[str]:
             if not t.get("config"):
                 continue
             key = (_config_tag(t["config"]) + (" (default)" if t is default else ""), m["next_n"])
-            smem[key] = grouped_smem_bytes(t["config"]["block_n"], t["config"]["num_stages"], m["next_n"], heads)
+            smem[key] = grouped_smem_bytes(
+                t["config"]["block_n"], t["config"]["num_stages"], m["next_n"], heads
+            )
             ms = timing_ms(t)
             mark = "**" if t == m.get("grouped_best") else ""
             cells.setdefault(key, {})[shape] = (
-                f"{mark}{_num(ms / one, 2)}{mark}" if ms and one else ("wrong" if "disagrees" in (t.get("error") or "") else "n/a")
+                f"{mark}{_num(ms / one, 2)}{mark}"
+                if ms and one
+                else ("wrong" if "disagrees" in (t.get("error") or "") else "n/a")
             )
     lines = [
         (
@@ -307,14 +317,19 @@ def mtp_sweep_table(art: Artifacts) -> list[str]:
         ),
         "",
         "| config (tile/warps/stages/order/cap), rows per request | shared memory KB | programs per SM | "
-        + " | ".join(shapes) + " |",
+        + " | ".join(shapes)
+        + " |",
         "|" + " --- |" * (3 + len(shapes)),
     ]
-    for (tag, next_n), row in sorted(cells.items(), key=lambda kv: (kv[0][1], "(default)" not in kv[0][0], kv[0][0])):
+    for (tag, next_n), row in sorted(
+        cells.items(), key=lambda kv: (kv[0][1], "(default)" not in kv[0][0], kv[0][0])
+    ):
         need = smem[(tag, next_n)]
         fits = SM_SHARED_BYTES // (need + BLOCK_RESERVED_BYTES)
         lines.append(
-            f"| {tag}, {next_n} | {need // 1024} | {fits} | " + " | ".join(row.get(s, "") for s in shapes) + " |"
+            f"| {tag}, {next_n} | {need // 1024} | {fits} | "
+            + " | ".join(row.get(s, "") for s in shapes)
+            + " |"
         )
     return lines
 
@@ -345,13 +360,24 @@ def prefill_kernel_table(art: Artifacts) -> list[str]:
             "kernel (`bf16_mqa_logits`) as the dispatch runs it (the request's page table, rows of at most 512 keys "
             "given empty ranges, as upstream's non-paged plan gives them -- DeepGEMM's non-paged call gets the same "
             "ranges); TFLOP/s: the causal FLOPs (2 x 64 heads x 128 x the keys every row sees) over the time"
-            + (f"; the same run's dense bf16 matmul (`torch.matmul` {matmul.get('n', 8192)}^3): "
-               f"{_num(dense, 0)} TFLOP/s" if dense else "")
-            + (f", fp8 (`torch._scaled_mm`): {_num(matmul['fp8_tflops'], 0)} TFLOP/s" if matmul.get("fp8_tflops") else "")
+            + (
+                f"; the same run's dense bf16 matmul (`torch.matmul` {matmul.get('n', 8192)}^3): "
+                f"{_num(dense, 0)} TFLOP/s"
+                if dense
+                else ""
+            )
+            + (
+                f", fp8 (`torch._scaled_mm`): {_num(matmul['fp8_tflops'], 0)} TFLOP/s"
+                if matmul.get("fp8_tflops")
+                else ""
+            )
             + "; MMA floors: the causal FLOPs at the H200's dense peaks (989 bf16, 1,979 fp8 TFLOP/s), the fp8 one "
             "also bounded by the bytes DeepGEMM's non-paged path moves (not measurements)"
-            + ("; DeepGEMM non-paged: `fp8_mqa_logits` timed, the one gather of the request's keys not" if dg else
-               " (DeepGEMM itself did not run in this bench)")
+            + (
+                "; DeepGEMM non-paged: `fp8_mqa_logits` timed, the one gather of the request's keys not"
+                if dg
+                else " (DeepGEMM itself did not run in this bench)"
+            )
             + ":"
         ),
         "",
@@ -380,13 +406,24 @@ def prefill_kernel_table(art: Artifacts) -> list[str]:
             cells.append(f"{100 * flops / (bf16 * 1e-3) / 1e12 / dense:.0f}" if bf16 else "n/a")
         if swept:
             top = _swept_best(p)
-            cells += [_num(top["ms"], 2) if top else "n/a", _prefill_config_tag(top["config"]) if top else "n/a"]
+            cells += [
+                _num(top["ms"], 2) if top else "n/a",
+                _prefill_config_tag(top["config"]) if top else "n/a",
+            ]
         if dg:
             real = timing_ms(arms.get("deepgemm_nonpaged"))
-            cells += [_num(real, 2) if real else "n/a", rate(real), _num(bf16 / real, 2) if bf16 and real else "n/a"]
+            cells += [
+                _num(real, 2) if real else "n/a",
+                rate(real),
+                _num(bf16 / real, 2) if bf16 and real else "n/a",
+            ]
         one, twin = timing_ms(arms.get("bf16")), timing_ms(arms.get("fp8_twin"))
-        cells += [_num(floors["bf16_compute_ms"], 2), _num(floors["fp8_nonpaged_ms"], 2),
-                  _num(one, 2) if one else "n/a", _num(twin, 2) if twin else "n/a"]
+        cells += [
+            _num(floors["bf16_compute_ms"], 2),
+            _num(floors["fp8_nonpaged_ms"], 2),
+            _num(one, 2) if one else "n/a",
+            _num(twin, 2) if twin else "n/a",
+        ]
         if tl:
             tile = timing_ms(arms.get("tilelang"))
             cells.append(_num(tile, 2) if tile else "n/a")
@@ -403,9 +440,11 @@ def compile_table(art: Artifacts) -> list[str]:
     if "phases" not in cold:
         return [f"Compile cost: the cold pass did not complete ({str(cold.get('error'))[:200]})."]
     by_warm = {(p["name"], p["format"]): p for p in warm.get("phases", [])}
-    what = {"capture": f"graph capture, {len(cold.get('capture_sizes', []))} decode batch sizes",
-            "mtp": f"graph capture, MTP verify (2 rows a request), {len(cold.get('mtp_capture_sizes', []))} sizes",
-            "prefill": "eager prefill, 1 to 16,384 rows"}
+    what = {
+        "capture": f"graph capture, {len(cold.get('capture_sizes', []))} decode batch sizes",
+        "mtp": f"graph capture, MTP verify (2 rows a request), {len(cold.get('mtp_capture_sizes', []))} sizes",
+        "prefill": "eager prefill, 1 to 16,384 rows",
+    }
     lines = [
         (
             "Kernel variants the scorers compile (`verify.bench.compile_cost`): each decode batch size upstream "
@@ -416,8 +455,10 @@ def compile_table(art: Artifacts) -> list[str]:
             "after a build session compiled them); seconds are wall time of all the calls, captures included:"
         ),
         "",
-        ("| what | format | calls | variants compiled (cold) | s in the calls that compiled | s in all calls, cold | "
-         "s in all calls, warm |"),
+        (
+            "| what | format | calls | variants compiled (cold) | s in the calls that compiled | s in all calls, cold | "
+            "s in all calls, warm |"
+        ),
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in cold["phases"]:
@@ -427,7 +468,8 @@ def compile_table(art: Artifacts) -> list[str]:
             f"| {what.get(p['name'], p['name'])} | {p['format']} | {p['calls']} | {variants} | "
             f"{_num(p['seconds_in_compiling_calls'], 1)} | {_num(p['seconds_total'], 1)} | "
             + (_num(w["seconds_total"], 1) if "seconds_total" in w else "n/a")
-            + " |" + (f" error: {p['error'][:100]}" if p.get("error") else "")
+            + " |"
+            + (f" error: {p['error'][:100]}" if p.get("error") else "")
         )
     if not any(p["format"] == "fp8" for p in cold["phases"]):
         lines += ["", f"fp8: {cold.get('fp8', 'not measured')}."]
@@ -449,8 +491,12 @@ def long_prefill_table(art: Artifacts) -> list[str]:
             "kernel's length-aware split); TileLang: upstream's own fp8 paged kernel (the scorer sm_120 "
             "runs), built for this GPU; fp8 floor: the physical floor of DeepGEMM's non-paged "
             "`fp8_mqa_logits`, max(bytes / 4.8 TB/s, MMA work / 1,979 TFLOPS dense fp8), not a measurement"
-            + ("; DeepGEMM non-paged: that call timed, upstream's default here (the one gather of the "
-               "request's keys not timed):" if dg else " (DeepGEMM itself did not run in this bench):")
+            + (
+                "; DeepGEMM non-paged: that call timed, upstream's default here (the one gather of the "
+                "request's keys not timed):"
+                if dg
+                else " (DeepGEMM itself did not run in this bench):"
+            )
         ),
         "",
         (
@@ -459,7 +505,9 @@ def long_prefill_table(art: Artifacts) -> list[str]:
             + (" TileLang fp8 (paged) ms | bf16 / TileLang |" if tl else "")
             + (" DeepGEMM non-paged ms | bf16 / DeepGEMM non-paged |" if dg else "")
         ),
-        "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if tl else "") + (" --- | --- |" if dg else ""),
+        "| --- | --- | --- | --- | --- | --- | --- | --- |"
+        + (" --- | --- |" if tl else "")
+        + (" --- | --- |" if dg else ""),
     ]
     for p in long:
         arms = p["arms"]
@@ -492,8 +540,11 @@ def render_body(art: Artifacts) -> str:
         f"- **Speed** ({meta.get('gpu', 'GPU')}, Triton {meta.get('triton', '?')}; CUDA-graph replays over "
         "cold-L2 copies of the keys; the kernel's default launch config; fp8 twin: a Triton fp8 kernel over "
         "upstream's 132-B pages standing in for DeepGEMM"
-        + ("; DeepGEMM: its own fp8 scorers, checked against the twin before timing" if deepgemm_measured(art)
-           else ", which did not run in this bench")
+        + (
+            "; DeepGEMM: its own fp8 scorers, checked against the twin before timing"
+            if deepgemm_measured(art)
+            else ", which did not run in this bench"
+        )
         + "; fp8 floor: fp8's key bytes at 4.8 TB/s; from "
         + ", ".join(f"`{s}`" for s in art.sources)
         + " in [`verify/results/h200/bench/`](verify/results/h200/README.md)):",

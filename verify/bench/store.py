@@ -150,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         name = case.name if isinstance(case, PrefillCase) else f"decode/bs={len(case.seq_lens)}"
         try:
-            prepared = (prepare_prefill(ops, case, freqs, device) if isinstance(case, PrefillCase)
-                        else prepare_decode(ops, case, freqs, device))
+            prepared = (
+                prepare_prefill(ops, case, freqs, device)
+                if isinstance(case, PrefillCase)
+                else prepare_decode(ops, case, freqs, device)
+            )
             prepared.name = name
             row = bench_case(ops, prepared, args.warmup_ms, args.rep_ms, args.timing)
         except Exception as error:  # noqa: BLE001 - one failing size must not hide the others

@@ -52,8 +52,11 @@ def fp8_floor_ms(r: Mapping[str, Any]) -> float:
 
 def prefill_kernel_measured(read: Mapping[str, Any]) -> bool:
     """Whether the run timed the series' prefill kernel (bf16_mqa_logits) on the long prefill."""
-    return any(timing_ms(p.get("arms", {}).get("bf16_prefill")) for p in read.get("long_prefill", [])
-               if not p.get("skipped"))
+    return any(
+        timing_ms(p.get("arms", {}).get("bf16_prefill"))
+        for p in read.get("long_prefill", [])
+        if not p.get("skipped")
+    )
 
 
 def _prefill_kernel_lines(long_prefill: list[Mapping[str, Any]]) -> list[str]:
@@ -63,8 +66,11 @@ def _prefill_kernel_lines(long_prefill: list[Mapping[str, Any]]) -> list[str]:
     <= 2.0x at 8K)."""
 
     lines = []
-    rows = [(r, t) for r in long_prefill  # each run of the prefill kernel, with its time
-            if not r.get("skipped") and (t := timing_ms(r["arms"].get("bf16_prefill")))]
+    rows = [
+        (r, t)
+        for r in long_prefill  # each run of the prefill kernel, with its time
+        if not r.get("skipped") and (t := timing_ms(r["arms"].get("bf16_prefill")))
+    ]
     dense = next((r["dense_bf16_tflops"] for r, _ in rows if r.get("dense_bf16_tflops")), None)
     tf = []
     for r, t in rows:
@@ -96,23 +102,36 @@ def _prefill_reach(read: Mapping[str, Any]) -> str:
     logits are compute-bound, and bf16's MMA floor over fp8's is what it is; within the target
     bf16 would have to reach that many times the fp8 path's share of its own floor."""
     rows = [p for p in read.get("long_prefill", []) if not p.get("skipped")]
-    ratios = [p["floors"]["bf16_ms"] / p["floors"]["fp8_nonpaged_ms"] for p in rows
-              if p["floors"].get("bf16_ms") and p["floors"].get("fp8_nonpaged_ms")]
-    bound = [p for p in rows
-             if p["floors"].get("fp8_nonpaged_compute_ms", 0) >= p["floors"].get("fp8_nonpaged_memory_ms", 1)]
+    ratios = [
+        p["floors"]["bf16_ms"] / p["floors"]["fp8_nonpaged_ms"]
+        for p in rows
+        if p["floors"].get("bf16_ms") and p["floors"].get("fp8_nonpaged_ms")
+    ]
+    bound = [
+        p
+        for p in rows
+        if p["floors"].get("fp8_nonpaged_compute_ms", 0) >= p["floors"].get("fp8_nonpaged_memory_ms", 1)
+    ]
     if not ratios or len(bound) != len(rows):
         return ""
 
     def share(arm: str | None, floor: str) -> list[float]:  # arm None: the one the dispatch runs
-        return [100 * p["floors"][floor] / ms for p in rows
-                if (ms := timing_ms(p["arms"].get(arm or p["dispatch_arm"]))) and p["floors"].get(floor)]
+        return [
+            100 * p["floors"][floor] / ms
+            for p in rows
+            if (ms := timing_ms(p["arms"].get(arm or p["dispatch_arm"]))) and p["floors"].get(floor)
+        ]
 
-    shares = [(label, v) for label, v in (
-        ("bf16 as dispatched", share(None, "bf16_ms")),
-        ("fp8 twin", share("fp8_twin", "fp8_nonpaged_ms")),
-        ("TileLang", share("tilelang", "fp8_nonpaged_ms")),
-        ("DeepGEMM non-paged", share("deepgemm_nonpaged", "fp8_nonpaged_ms")),
-    ) if v]
+    shares = [
+        (label, v)
+        for label, v in (
+            ("bf16 as dispatched", share(None, "bf16_ms")),
+            ("fp8 twin", share("fp8_twin", "fp8_nonpaged_ms")),
+            ("TileLang", share("tilelang", "fp8_nonpaged_ms")),
+            ("DeepGEMM non-paged", share("deepgemm_nonpaged", "fp8_nonpaged_ms")),
+        )
+        if v
+    ]
     need = min(ratios) / TARGET_PREFILL_VS_FP8
     low, high = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
     spread = low if low == high else f"{low}-{high}"
@@ -142,8 +161,11 @@ def _plain_decode(results: list[Row]) -> list[Row]:
 
 
 def _hbm_lines(read: Row, decode: list[Row]) -> list[str]:
-    shapes = [r for r in decode
-              if r["shape"]["rows"] >= TARGET_HBM_MIN_ROWS and r["shape"]["keys"] >= TARGET_HBM_MIN_KEYS]
+    shapes = [
+        r
+        for r in decode
+        if r["shape"]["rows"] >= TARGET_HBM_MIN_ROWS and r["shape"]["keys"] >= TARGET_HBM_MIN_KEYS
+    ]
     big = [hbm_pct(r, ms) for r in shapes if (ms := timing_ms(r.get("bf16_default")))]
     if not big:
         return []
@@ -155,10 +177,18 @@ def _hbm_lines(read: Row, decode: list[Row]) -> list[str]:
         f"decode from {TARGET_HBM_MIN_ROWS} x {TARGET_HBM_MIN_KEYS:,} keys up at >= {TARGET_HBM_PCT:.0f}% of "
         f"4.8 TB/s: {_count(big, lambda v: v >= TARGET_HBM_PCT)} shapes (default config, "
         f"{min(big):.0f}-{max(big):.0f}%"
-        + (f"; the best swept config per shape: {_count(swept, lambda v: v >= TARGET_HBM_PCT)}, "
-           f"{min(swept):.0f}-{max(swept):.0f}%" if swept else "")
-        + (f"; DeepGEMM's fp8 scorer on the same shapes: {min(anchor):.0f}-{max(anchor):.0f}% of "
-           "4.8 TB/s for its own key bytes" if anchor else "")
+        + (
+            f"; the best swept config per shape: {_count(swept, lambda v: v >= TARGET_HBM_PCT)}, "
+            f"{min(swept):.0f}-{max(swept):.0f}%"
+            if swept
+            else ""
+        )
+        + (
+            f"; DeepGEMM's fp8 scorer on the same shapes: {min(anchor):.0f}-{max(anchor):.0f}% of "
+            "4.8 TB/s for its own key bytes"
+            if anchor
+            else ""
+        )
         + f"; the device copy ceiling measured in the same run: {100 * copy_tb_s * 1e12 / HBM_BYTES_PER_S:.0f}%)"
     ]
 
@@ -172,61 +202,99 @@ def _long_decode_lines(decode: list[Row]) -> list[str]:
     gather = _ratios(rows, lambda r: r.get("gather"), lambda r: r["bf16_default"])
     out = []
     if ratio:
-        out.append(f"bf16 / fp8 twin <= {TARGET_RATIO_VS_FP8:.2f} (decode, >= {TARGET_MIN_KEYS:,} keys): "
-                   f"{_count(ratio, lambda v: v <= TARGET_RATIO_VS_FP8)} (max {max(ratio):.2f})")
+        out.append(
+            f"bf16 / fp8 twin <= {TARGET_RATIO_VS_FP8:.2f} (decode, >= {TARGET_MIN_KEYS:,} keys): "
+            f"{_count(ratio, lambda v: v <= TARGET_RATIO_VS_FP8)} (max {max(ratio):.2f})"
+        )
     if anchor:
-        out.append(f"bf16 / DeepGEMM <= {TARGET_RATIO_VS_FP8:.2f}, the key-byte ratio (decode, >= "
-                   f"{TARGET_MIN_KEYS:,} keys, default config): "
-                   f"{_count(anchor, lambda v: v <= TARGET_RATIO_VS_FP8)} (max {max(anchor):.2f})")
+        out.append(
+            f"bf16 / DeepGEMM <= {TARGET_RATIO_VS_FP8:.2f}, the key-byte ratio (decode, >= "
+            f"{TARGET_MIN_KEYS:,} keys, default config): "
+            f"{_count(anchor, lambda v: v <= TARGET_RATIO_VS_FP8)} (max {max(anchor):.2f})"
+        )
     if gather:
-        out.append(f">= {TARGET_GATHER_SPEEDUP:.0f}x over the naive gather: "
-                   f"{_count(gather, lambda v: v >= TARGET_GATHER_SPEEDUP)} (min {min(gather):.1f}x)")
+        out.append(
+            f">= {TARGET_GATHER_SPEEDUP:.0f}x over the naive gather: "
+            f"{_count(gather, lambda v: v >= TARGET_GATHER_SPEEDUP)} (min {min(gather):.1f}x)"
+        )
     return out
 
 
 def _memory_lines(results: list[Row]) -> list[str]:
-    beyond = [r["peak_extra_bytes"]["bf16"] - r["peak_extra_bytes"]["logits"] for r in results
-              if "bf16" in r.get("peak_extra_bytes", {}) and "logits" in r.get("peak_extra_bytes", {})]
+    beyond = [
+        r["peak_extra_bytes"]["bf16"] - r["peak_extra_bytes"]["logits"]
+        for r in results
+        if "bf16" in r.get("peak_extra_bytes", {}) and "logits" in r.get("peak_extra_bytes", {})
+    ]
     if not beyond:
         return []
     within = _count(beyond, lambda v: v <= TARGET_EXTRA_MEMORY_SLACK)
-    return [(f"no memory beyond the logits: {within} shapes "
-            f"(at most {max(beyond):,} B beyond)")]
+    return [(f"no memory beyond the logits: {within} shapes (at most {max(beyond):,} B beyond)")]
 
 
 def _wide_lines(results: list[Row]) -> list[str]:
     wide = [r for r in results if r["shape"].get("width")]
     lean = _ratios(wide, lambda r: r.get("bf16_default_lean"), lambda r: r.get("bf16_best_split_lean"))
     if lean:
-        return [(f"short rows in a wide output within {TARGET_WIDE_VS_BEST_SPLIT}x of the best fixed split: "
-                f"{_count(lean, lambda v: v <= TARGET_WIDE_VS_BEST_SPLIT)} (max {max(lean):.2f}x)")]
+        return [
+            (
+                f"short rows in a wide output within {TARGET_WIDE_VS_BEST_SPLIT}x of the best fixed split: "
+                f"{_count(lean, lambda v: v <= TARGET_WIDE_VS_BEST_SPLIT)} (max {max(lean):.2f}x)"
+            )
+        ]
     if not wide:
         return []
     old = _ratios(wide, lambda r: r.get("bf16_default"), lambda r: r.get("bf16_best"))
-    return [(f"short rows in a wide output within {TARGET_WIDE_VS_BEST_SPLIT}x of the best split: not "
+    return [
+        (
+            f"short rows in a wide output within {TARGET_WIDE_VS_BEST_SPLIT}x of the best split: not "
             f"measured with the length-aware split yet ({BENCH_COMMAND}); the committed run before it was "
-            f"up to {max(old):.2f}x off")]
+            f"up to {max(old):.2f}x off"
+        )
+    ]
 
 
 def _mtp_lines(read: Row) -> list[str]:
     mtp = read.get("mtp", [])
     grouped = _ratios(mtp, lambda m: m.get("grouped"), lambda m: m.get("one_row"))
-    swept = _ratios([m for m in mtp if m.get("grouped_sweep")], lambda m: m.get("grouped_best"),
-                    lambda m: m.get("one_row"))
+    swept = _ratios(
+        [m for m in mtp if m.get("grouped_sweep")],
+        lambda m: m.get("grouped_best"),
+        lambda m: m.get("one_row"),
+    )
     # What the fp8 anchor pays for a request's second row: DeepGEMM scores the flattened verify rows
     # one at a time; its decode timing at the same requests x keys is its one-row time.
-    one_row_dg = {(r["shape"]["rows"], r["shape"]["keys"]): ms for r in _plain_decode(read.get("results", []))
-                  if (ms := timing_ms(r.get("fp8_deepgemm")))}
-    anchor = [ms / one_row_dg[(m["requests"], m["keys"])] for m in mtp if m["next_n"] == 2
-              and (ms := timing_ms(m.get("deepgemm"))) and (m["requests"], m["keys"]) in one_row_dg]
+    one_row_dg = {
+        (r["shape"]["rows"], r["shape"]["keys"]): ms
+        for r in _plain_decode(read.get("results", []))
+        if (ms := timing_ms(r.get("fp8_deepgemm")))
+    }
+    anchor = [
+        ms / one_row_dg[(m["requests"], m["keys"])]
+        for m in mtp
+        if m["next_n"] == 2
+        and (ms := timing_ms(m.get("deepgemm")))
+        and (m["requests"], m["keys"]) in one_row_dg
+    ]
     return [
         f"MTP verify (grouped) <= {TARGET_MTP_VS_ONE_ROW}x one row per request: "
-        + (f"{_count(grouped, lambda v: v <= TARGET_MTP_VS_ONE_ROW)} (max {max(grouped):.2f}x)" if grouped
-           else f"not measured ({BENCH_COMMAND})")
-        + (f"; with the best swept grouped config per shape "
-           f"{_count(swept, lambda v: v <= TARGET_MTP_VS_ONE_ROW)} (max {max(swept):.2f}x)" if swept else "")
-        + (f"; DeepGEMM's fp8 scorer takes {min(anchor):.2f}-{max(anchor):.2f}x its one-row time for two "
-           "rows per request (its decode timing at the same requests and keys)" if anchor else "")
+        + (
+            f"{_count(grouped, lambda v: v <= TARGET_MTP_VS_ONE_ROW)} (max {max(grouped):.2f}x)"
+            if grouped
+            else f"not measured ({BENCH_COMMAND})"
+        )
+        + (
+            f"; with the best swept grouped config per shape "
+            f"{_count(swept, lambda v: v <= TARGET_MTP_VS_ONE_ROW)} (max {max(swept):.2f}x)"
+            if swept
+            else ""
+        )
+        + (
+            f"; DeepGEMM's fp8 scorer takes {min(anchor):.2f}-{max(anchor):.2f}x its one-row time for two "
+            "rows per request (its decode timing at the same requests and keys)"
+            if anchor
+            else ""
+        )
     ]
 
 
@@ -239,15 +307,24 @@ def _old_prefill_lines(read: Row) -> list[str]:
 
     real = _ratios(long, dispatched, lambda p: p["arms"].get("deepgemm_nonpaged"))
     twin = _ratios(long, dispatched, lambda p: p["arms"].get("fp8_twin"))
-    floor = [b / f for p in long
-             if (b := timing_ms(dispatched(p))) and (f := p["floors"].get("fp8_nonpaged_ms"))]
+    floor = [
+        b / f for p in long if (b := timing_ms(dispatched(p))) and (f := p["floors"].get("fp8_nonpaged_ms"))
+    ]
     bound = TARGET_PREFILL_VS_FP8
     measured = (
-        (f"{_count(real, lambda v: v <= bound)} against DeepGEMM's non-paged `fp8_mqa_logits` (upstream's "
-         f"default there; max {max(real):.2f}x), " if real else "")
-        + f"{_count(twin, lambda v: v <= bound)} against the fp8 twin (max {max(twin):.2f}x), "
-        f"{_count(floor, lambda v: v <= bound)} against the non-paged fp8 floor (max {max(floor):.2f}x)"
-    ) if twin and floor else f"not measured ({BENCH_COMMAND})"
+        (
+            (
+                f"{_count(real, lambda v: v <= bound)} against DeepGEMM's non-paged `fp8_mqa_logits` (upstream's "
+                f"default there; max {max(real):.2f}x), "
+                if real
+                else ""
+            )
+            + f"{_count(twin, lambda v: v <= bound)} against the fp8 twin (max {max(twin):.2f}x), "
+            f"{_count(floor, lambda v: v <= bound)} against the non-paged fp8 floor (max {max(floor):.2f}x)"
+        )
+        if twin and floor
+        else f"not measured ({BENCH_COMMAND})"
+    )
     return [f"long prefill within {bound}x of upstream's fp8 prefill path: {measured}{_prefill_reach(read)}"]
 
 
@@ -255,8 +332,12 @@ def _store_lines(store: Row | None) -> list[str]:
     ratios = [row["bf16_over_fp8"] for row in (store or {}).get("rows", []) if "bf16_over_fp8" in row]
     if not ratios:
         return []
-    return [(f"fused bf16 store no slower than the fp8 store: {_count(ratios, lambda v: v <= 1.0)} sizes "
-            f"({min(ratios):.2f}-{max(ratios):.2f}x its time)")]
+    return [
+        (
+            f"fused bf16 store no slower than the fp8 store: {_count(ratios, lambda v: v <= 1.0)} sizes "
+            f"({min(ratios):.2f}-{max(ratios):.2f}x its time)"
+        )
+    ]
 
 
 def evaluate(read: Row, store: Row | None = None) -> list[str]:
@@ -264,7 +345,17 @@ def evaluate(read: Row, store: Row | None = None) -> list[str]:
     given, a store bench run (``bench_store.json``'s)."""
     results = [r for r in read.get("results", []) if not r.get("skipped")]
     decode = _plain_decode(results)
-    prefill = (_prefill_kernel_lines(read.get("long_prefill", [])) if prefill_kernel_measured(read)
-               else _old_prefill_lines(read))
-    return [*_hbm_lines(read, decode), *_long_decode_lines(decode), *_memory_lines(results),
-            *_wide_lines(results), *_mtp_lines(read), *prefill, *_store_lines(store)]
+    prefill = (
+        _prefill_kernel_lines(read.get("long_prefill", []))
+        if prefill_kernel_measured(read)
+        else _old_prefill_lines(read)
+    )
+    return [
+        *_hbm_lines(read, decode),
+        *_long_decode_lines(decode),
+        *_memory_lines(results),
+        *_wide_lines(results),
+        *_mtp_lines(read),
+        *prefill,
+        *_store_lines(store),
+    ]

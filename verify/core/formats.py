@@ -309,7 +309,6 @@ def fp4_decode(codes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
     return values * scale
 
 
-
 def fp4_pack(codes: torch.Tensor) -> torch.Tensor:
     """Codes ``[n, 128]`` -> bytes ``[n, 64]``: element 2i in the low nibble of byte i, 2i+1 high."""
     return (codes[:, 0::2] & 0x0F) | ((codes[:, 1::2] & 0x0F) << 4)

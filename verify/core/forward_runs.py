@@ -37,6 +37,8 @@ def flag_off_status(entry: dict[str, Any]) -> tuple[str, str]:
     tell a changed path from upstream's own tie-breaking, so they read as ``incomplete``."""
     status, detail = str(entry.get("status", "error")), str(entry.get("detail", ""))
     if status == "fail" and "differing_steps" not in entry and "pool bytes [], missing []" in detail:
-        return "incomplete", (detail + " (recorded before differences were classified: pool bytes identical, "
-                              "selected sets differ, no unpatched rerun as control; re-measure with the current harness)")
+        return "incomplete", (
+            detail + " (recorded before differences were classified: pool bytes identical, "
+            "selected sets differ, no unpatched rerun as control; re-measure with the current harness)"
+        )
     return status, detail

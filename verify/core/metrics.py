@@ -78,7 +78,9 @@ def row_metrics(
     out = {
         "recall_tie": in_tie.sum(1).float() / kf,
         "recall_strict": in_strict.sum(1).float() / kf,
-        "mass": torch.where(mass_top > 0, mass_sel / mass_top.clamp(min=1e-300), torch.ones_like(mass_top)).float(),
+        "mass": torch.where(
+            mass_top > 0, mass_sel / mass_top.clamp(min=1e-300), torch.ones_like(mass_top)
+        ).float(),
         "changed": (k - in_strict.sum(1)).float(),
         "k": k.float(),
     }
@@ -135,7 +137,9 @@ def aggregate(
     for rec in records:
         groups.setdefault((rec[arm_field], *(rec[k] for k in keys)), []).append(rec)
     out: list[dict[str, Any]] = []
-    for gkey in sorted(groups, key=lambda t: tuple(str(x) if not isinstance(x, (int, float)) else x for x in t)):
+    for gkey in sorted(
+        groups, key=lambda t: tuple(str(x) if not isinstance(x, (int, float)) else x for x in t)
+    ):
         recs = groups[gkey]
         entry: dict[str, Any] = {arm_field: gkey[0], **dict(zip(keys, gkey[1:])), "rows": len(recs)}
         for m in METRICS:
@@ -161,7 +165,9 @@ SCORER_BOUND = 5e-6
 TIE_REL = 2e-5
 
 
-def tie_aware_recall(scores: torch.Tensor, chosen: torch.Tensor, k: int, tie_abs: torch.Tensor) -> torch.Tensor:
+def tie_aware_recall(
+    scores: torch.Tensor, chosen: torch.Tensor, k: int, tie_abs: torch.Tensor
+) -> torch.Tensor:
     """Per row: fraction of ``chosen`` (key indices, -1 = none) that are in the top-k of
     ``scores`` allowing ties within ``tie_abs``; rows with <= k keys must choose them all."""
     r, n = scores.shape

@@ -29,13 +29,41 @@ from verify.core.upstream import FUNCTIONS
 PROFILE_NAMES = ("sm90", "sm100", "sm120", "hip")
 
 # What a DeepSeek-V4 server's GPU says about itself, as upstream's PlatformContext names it.
-_NO = {"is_sm90": False, "is_sm100": False, "is_sm100_or_sm110": False, "is_sm120": False, "is_blackwell": False}
+_NO = {
+    "is_sm90": False,
+    "is_sm100": False,
+    "is_sm100_or_sm110": False,
+    "is_sm120": False,
+    "is_blackwell": False,
+}
 FACTS: dict[str, dict[str, Any]] = {
-    "sm90": {**_NO, "is_cuda": True, "is_hip": False, "is_sm90": True, "device_capability": (9, 0), "device_sm": 90},
-    "sm100": {**_NO, "is_cuda": True, "is_hip": False, "is_sm100": True, "is_sm100_or_sm110": True,
-              "is_blackwell": True, "device_capability": (10, 0), "device_sm": 100},
-    "sm120": {**_NO, "is_cuda": True, "is_hip": False, "is_sm120": True, "is_blackwell": True,
-              "device_capability": (12, 0), "device_sm": 120},
+    "sm90": {
+        **_NO,
+        "is_cuda": True,
+        "is_hip": False,
+        "is_sm90": True,
+        "device_capability": (9, 0),
+        "device_sm": 90,
+    },
+    "sm100": {
+        **_NO,
+        "is_cuda": True,
+        "is_hip": False,
+        "is_sm100": True,
+        "is_sm100_or_sm110": True,
+        "is_blackwell": True,
+        "device_capability": (10, 0),
+        "device_sm": 100,
+    },
+    "sm120": {
+        **_NO,
+        "is_cuda": True,
+        "is_hip": False,
+        "is_sm120": True,
+        "is_blackwell": True,
+        "device_capability": (12, 0),
+        "device_sm": 120,
+    },
     "hip": {**_NO, "is_cuda": False, "is_hip": True, "device_capability": (9, 4), "device_sm": 94},
 }
 # The GPUs each profile stands for, for reports.
@@ -116,7 +144,9 @@ def resolve(name: str) -> str:
     if name == "auto":
         found = local_profile()
         if found is None:
-            raise ProfileError("--platform auto needs a GPU (sm_90, sm_100, sm_120 or ROCm); name a profile instead")
+            raise ProfileError(
+                "--platform auto needs a GPU (sm_90, sm_100, sm_120 or ROCm); name a profile instead"
+            )
         return found
     if name not in PROFILE_NAMES:
         raise ProfileError(f"unknown platform profile {name!r}; known: auto, {', '.join(PROFILE_NAMES)}")
@@ -234,7 +264,10 @@ def _profile_shared_memory(name: str) -> tuple[Callable[[], None], list[str]]:
         return (lambda: None), []
     undo: list[Callable[[], None]] = []
     notes: list[str] = []
-    for role, what in (("score_bf16", "the bf16 kernel's"), ("score_bf16_prefill", "the bf16 prefill kernel's")):
+    for role, what in (
+        ("score_bf16", "the bf16 kernel's"),
+        ("score_bf16_prefill", "the bf16 prefill kernel's"),
+    ):
         try:
             module: Any = importlib.import_module(FUNCTIONS[role].module)  # the package the dispatch imports
         except Exception:  # noqa: BLE001, S112 -- no such kernel in this tree (unpatched, older series)
@@ -252,9 +285,11 @@ def _profile_shared_memory(name: str) -> tuple[Callable[[], None], list[str]]:
             module._shared_memory = lookup
 
         undo.append(restore)
-        notes.append(f"{what} shared-memory lookup answers with {name}'s ({profile.per_block} B a program, "
-                     f"{profile.per_sm} B an SM; this GPU has {local.per_block} and {local.per_sm}), so it selects "
-                     "that GPU's launch configs")
+        notes.append(
+            f"{what} shared-memory lookup answers with {name}'s ({profile.per_block} B a program, "
+            f"{profile.per_sm} B an SM; this GPU has {local.per_block} and {local.per_sm}), so it selects "
+            "that GPU's launch configs"
+        )
 
     def undo_all() -> None:
         for fn in reversed(undo):
@@ -272,5 +307,7 @@ def force_mma_sync_lowering() -> str:
 
     tk.pass_configs[tilelang.PassConfigKey.TL_DISABLE_WGMMA] = True
     tk.fp8_paged_mqa_logits_kernel.cache_clear()
-    return ("TileLang fp8_paged_mqa_logits built with TL_DISABLE_WGMMA: sm_90 takes the mma.sync + ldmatrix "
-            "lowering whose CUDA source is byte-identical to TileLang's sm_120 source (checked in this run)")
+    return (
+        "TileLang fp8_paged_mqa_logits built with TL_DISABLE_WGMMA: sm_90 takes the mma.sync + ldmatrix "
+        "lowering whose CUDA source is byte-identical to TileLang's sm_120 source (checked in this run)"
+    )

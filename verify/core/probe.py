@@ -71,7 +71,9 @@ def _tilelang_placeholder() -> str | None:
     return f"{TILELANG_MODULE}: placeholder module (TileLang not installed; the probe only observes its selection)"
 
 
-def probe_call(rig: Rig, spies: Spies, seq_lens: list[int], mode: str, batch_size: int) -> tuple[Any, list[Any]]:
+def probe_call(
+    rig: Rig, spies: Spies, seq_lens: list[int], mode: str, batch_size: int
+) -> tuple[Any, list[Any]]:
     """One ``forward_c4_indexer`` over rows of ``seq_lens`` compressed keys, skip_compressor."""
     from sglang.srt.layers.attention.dsv4 import indexer as indexer_mod
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -80,7 +82,9 @@ def probe_call(rig: Rig, spies: Spies, seq_lens: list[int], mode: str, batch_siz
     rows = len(seq_lens)
     pages = -(-max(seq_lens) // 64)
     page_table = torch.arange(1, rows * pages + 1, dtype=torch.int32, device=dev).view(rows, pages)
-    core = SimpleNamespace(page_table=page_table, c4_topk_lengths_raw=torch.tensor(seq_lens, dtype=torch.int32, device=dev))
+    core = SimpleNamespace(
+        page_table=page_table, c4_topk_lengths_raw=torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+    )
     im = rig.backend.init_forward_metadata_indexer(core)
     rig.backend.forward_metadata = SimpleNamespace(
         indexer_metadata=im,
@@ -95,9 +99,18 @@ def probe_call(rig: Rig, spies: Spies, seq_lens: list[int], mode: str, batch_siz
     indexer.compute_weights = lambda x, skip_scale=False: torch.ones(rows, INDEX_HEADS, device=dev)
     indexer.compute_q = lambda q_lora, positions, w: (q, w.unsqueeze(-1))
     fm = ForwardMode.EXTEND if mode == "extend" else ForwardMode.DECODE
-    fb = SimpleNamespace(forward_mode=fm, _original_forward_mode=None, tbo_parent_token_range=None,
-                         batch_size=batch_size, seq_lens=None, seq_lens_cpu=None, extend_seq_lens_cpu=None,
-                         extend_seq_lens=None, extend_start_loc=None, extend_num_tokens=rows)
+    fb = SimpleNamespace(
+        forward_mode=fm,
+        _original_forward_mode=None,
+        tbo_parent_token_range=None,
+        batch_size=batch_size,
+        seq_lens=None,
+        seq_lens_cpu=None,
+        extend_seq_lens_cpu=None,
+        extend_seq_lens=None,
+        extend_start_loc=None,
+        extend_num_tokens=rows,
+    )
     if mode == "extend":
         # what _get_nonpaged_indexer_plan reads for a single-request prefill of `rows` tokens
         fb.seq_lens = torch.tensor([4 * max(seq_lens)], dtype=torch.int32, device=dev)
@@ -107,8 +120,12 @@ def probe_call(rig: Rig, spies: Spies, seq_lens: list[int], mode: str, batch_siz
         fb.extend_start_loc = torch.zeros(1, dtype=torch.int32, device=dev)
     spies.take()
     indexer_mod.C4IndexerBackendMixin.forward_c4_indexer(
-        rig.backend, x=torch.zeros(rows, 8, device=dev), q_lora=torch.zeros(rows, 8, device=dev),
-        c4_indexer=indexer, forward_batch=fb, skip_compressor=True,
+        rig.backend,
+        x=torch.zeros(rows, 8, device=dev),
+        q_lora=torch.zeros(rows, 8, device=dev),
+        c4_indexer=indexer,
+        forward_batch=fb,
+        skip_compressor=True,
     )
     return im, spies.take()
 
@@ -129,28 +146,46 @@ def probe(profile: str, flag: bool) -> list[Dispatch]:
         saved_is_cuda = indexer_mod.is_cuda
         cuda_fact = bool(applied.facts["is_cuda"])
         indexer_mod.is_cuda = lambda: cuda_fact
-        replaced.append(f"indexer.is_cuda -> {cuda_fact} (the profile's fact; upstream asks the device directly)")
+        replaced.append(
+            f"indexer.is_cuda -> {cuda_fact} (the profile's fact; upstream asks the device directly)"
+        )
         saved_capturing = torch.cuda.is_current_stream_capturing
         if not torch.cuda.is_available():
             torch.cuda.is_current_stream_capturing = lambda: False
-            replaced.append("torch.cuda.is_current_stream_capturing -> False (no CUDA device; nothing is captured)")
+            replaced.append(
+                "torch.cuda.is_current_stream_capturing -> False (no CUDA device; nothing is captured)"
+            )
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        rig = Rig(RigConfig(device=device, flag=flag, max_reqs=4, full_tokens=1 << 16, max_context_len=1 << 15),
-                  tuple(applied.facts["device_capability"]))
+        rig = Rig(
+            RigConfig(device=device, flag=flag, max_reqs=4, full_tokens=1 << 16, max_context_len=1 << 15),
+            tuple(applied.facts["device_capability"]),
+        )
         spies = Spies(probe=True).install(rig.backend)
         try:
-            for mode, lens, bs in (("decode", [700, 300, 4100], 3), ("extend", [(i + 1) // 4 for i in range(9000)], 1)):
+            for mode, lens, bs in (
+                ("decode", [700, 300, 4100], 3),
+                ("extend", [(i + 1) // 4 for i in range(9000)], 1),
+            ):
                 im, calls = probe_call(rig, spies, lens, mode, bs)
                 scorer_calls = [c for c in calls if c.role in SCORERS]
-                out.append(Dispatch(
-                    profile=applied.name, flag=flag, mode=f"{mode} ({len(lens)} rows)",
-                    scorer=roles_called(scorer_calls), topk=roles_called([c for c in calls if c.role in TOPKS]),
-                    metadata=_metadata_kind(im),
-                    seq_lens_dim=scorer_calls[0].seq_lens_dim if scorer_calls else None,
-                    clean_logits=scorer_calls[0].clean_logits if scorer_calls else None,
-                    nonpaged_gather=any(c.role == "gather_nonpaged" for c in calls),
-                    replaced=replaced + rig.replaced + ["every candidate scorer / top-k / metadata kernel: a spy that records the call and answers an empty result (no kernel runs in the probe)"],
-                ))
+                out.append(
+                    Dispatch(
+                        profile=applied.name,
+                        flag=flag,
+                        mode=f"{mode} ({len(lens)} rows)",
+                        scorer=roles_called(scorer_calls),
+                        topk=roles_called([c for c in calls if c.role in TOPKS]),
+                        metadata=_metadata_kind(im),
+                        seq_lens_dim=scorer_calls[0].seq_lens_dim if scorer_calls else None,
+                        clean_logits=scorer_calls[0].clean_logits if scorer_calls else None,
+                        nonpaged_gather=any(c.role == "gather_nonpaged" for c in calls),
+                        replaced=replaced
+                        + rig.replaced
+                        + [
+                            "every candidate scorer / top-k / metadata kernel: a spy that records the call and answers an empty result (no kernel runs in the probe)"
+                        ],
+                    )
+                )
         finally:
             spies.uninstall()
             rig.close()
@@ -160,10 +195,15 @@ def probe(profile: str, flag: bool) -> list[Dispatch]:
 
 
 def table(rows: list[Dispatch]) -> str:
-    lines = ["| profile | flag | call | scorer | top-k | metadata | lengths | gather |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| profile | flag | call | scorer | top-k | metadata | lengths | gather |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for d in rows:
-        lines.append(f"| {d.profile} | {'bf16' if d.flag else 'fp8'} | {d.mode} | {', '.join(d.scorer) or '-'} | "
-                     f"{', '.join(d.topk) or '-'} | {d.metadata} | {d.seq_lens_dim}-D | {'yes' if d.nonpaged_gather else 'no'} |")
+        lines.append(
+            f"| {d.profile} | {'bf16' if d.flag else 'fp8'} | {d.mode} | {', '.join(d.scorer) or '-'} | "
+            f"{', '.join(d.topk) or '-'} | {d.metadata} | {d.seq_lens_dim}-D | {'yes' if d.nonpaged_gather else 'no'} |"
+        )
     return "\n".join(lines)
 
 
@@ -179,6 +219,9 @@ def profile_roles(profile: str) -> dict[str, str]:
     "metadata"}`` roles, read off the dispatch probe (cached per process)."""
     if profile not in _ROLES:
         decode = next(d for d in probe(profile, False) if d.mode.startswith("decode"))
-        _ROLES[profile] = {"scorer": decode.scorer[0] if decode.scorer else "none",
-                           "topk": decode.topk[0] if decode.topk else "none", "metadata": decode.metadata}
+        _ROLES[profile] = {
+            "scorer": decode.scorer[0] if decode.scorer else "none",
+            "topk": decode.topk[0] if decode.topk else "none",
+            "metadata": decode.metadata,
+        }
     return dict(_ROLES[profile])

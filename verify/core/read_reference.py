@@ -318,8 +318,15 @@ class PrefillCase:
         """The same rows as a paged decode-style call (``bf16_paged_mqa_logits``): each row's
         table is the request's, its length ``ke`` (valid where ``ks == 0``)."""
         table = self.page_table[None, :].expand(self.rows, -1).contiguous()
-        return ReadCase(self.q[:, None], self.pool, self.weights, self.ke.clone(), table, self.max_seqlen_k,
-                        self.poison_page)
+        return ReadCase(
+            self.q[:, None],
+            self.pool,
+            self.weights,
+            self.ke.clone(),
+            table,
+            self.max_seqlen_k,
+            self.poison_page,
+        )
 
 
 def make_prefill_case(

@@ -98,7 +98,9 @@ def make_weights(cfg: RigConfig, g: torch.Generator) -> Weights:
     )
 
 
-def batched_token_inputs(req: Request, start: int, stop: int, cfg: RigConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def batched_token_inputs(
+    req: Request, start: int, stop: int, cfg: RigConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_inputs` for positions [start, stop), generated in blocks of 256 positions
     (one generator per block: long prompts would otherwise take a generator per token)."""
     xs, qs = [], []
@@ -110,7 +112,9 @@ def batched_token_inputs(req: Request, start: int, stop: int, cfg: RigConfig) ->
         xs.append(xb[lo - block * 256 : hi - block * 256])
         qs.append(qb[lo - block * 256 : hi - block * 256])
     if not xs:
-        return torch.empty(0, cfg.hidden_size, dtype=torch.bfloat16), torch.empty(0, cfg.q_lora_rank, dtype=torch.bfloat16)
+        return torch.empty(0, cfg.hidden_size, dtype=torch.bfloat16), torch.empty(
+            0, cfg.q_lora_rank, dtype=torch.bfloat16
+        )
     return torch.cat(xs).to(torch.bfloat16), torch.cat(qs).to(torch.bfloat16)
 
 
@@ -123,7 +127,9 @@ def _cpu_capability(capability: tuple[int, int]) -> Iterator[list[str]]:
         return
     saved = torch.cuda.get_device_capability
     torch.cuda.get_device_capability = lambda *a, **k: capability
-    replaced.append(f"torch.cuda.get_device_capability -> {capability} (no CUDA device: the backend asks it at construction)")
+    replaced.append(
+        f"torch.cuda.get_device_capability -> {capability} (no CUDA device: the backend asks it at construction)"
+    )
     try:
         yield replaced
     finally:
@@ -159,7 +165,9 @@ class Rig:
             prefix_lens=(PAGE_TOKENS,),
             extend_lens=(cfg.draft_tokens,) if cfg.draft_tokens else (),
         )
-        model_config = kit.TinyDSV4ModelConfig(num_heads=64, context_len=cfg.max_context_len, compression_ratios=[RATIO])
+        model_config = kit.TinyDSV4ModelConfig(
+            num_heads=64, context_len=cfg.max_context_len, compression_ratios=[RATIO]
+        )
         self._capability_cm = _cpu_capability(capability)
         self.replaced += self._capability_cm.__enter__()
         runner = kit.MockDSV4ModelRunner(
@@ -185,7 +193,10 @@ class Rig:
         # Pools sized for long requests, as the pool configurator sizes them.
         full = cfg.full_tokens
         runner.req_to_token_pool = ReqToTokenPool(
-            size=cfg.max_reqs, max_context_len=cfg.max_context_len, device=cfg.device, enable_memory_saver=False
+            size=cfg.max_reqs,
+            max_context_len=cfg.max_context_len,
+            device=cfg.device,
+            enable_memory_saver=False,
         )
         from sglang.srt.mem_cache.deepseek_v4_memory_pool import resolve_compress_state_ring_size
 

@@ -27,7 +27,14 @@ import torch
 
 from verify.core.upstream import spied_roles
 
-FP8_SCORERS = ("score_tilelang", "score_torch", "score_torch_sm120", "score_aiter", "score_deepgemm", "score_deepgemm_nonpaged")
+FP8_SCORERS = (
+    "score_tilelang",
+    "score_torch",
+    "score_torch_sm120",
+    "score_aiter",
+    "score_deepgemm",
+    "score_deepgemm_nonpaged",
+)
 BF16_SCORERS = ("score_bf16", "score_bf16_prefill")
 SCORERS = (*BF16_SCORERS, *FP8_SCORERS)
 # The schedules a scorer may be handed: DeepGEMM's metadata kernel and upstream's JIT twin of it
@@ -69,7 +76,10 @@ class Spies:
         if not self.track_phase or self.phase or not torch.cuda.is_available():
             return
         torch.cuda.synchronize()
-        self.phase = {"pre_peak": int(torch.cuda.max_memory_allocated()), "base": int(torch.cuda.memory_allocated())}
+        self.phase = {
+            "pre_peak": int(torch.cuda.max_memory_allocated()),
+            "base": int(torch.cuda.memory_allocated()),
+        }
         torch.cuda.reset_peak_memory_stats()
 
     def _keep(self, logits: torch.Tensor) -> None:
@@ -91,10 +101,16 @@ class Spies:
         q, kv, _w, seq = args[0], args[1], args[2], args[3]
         rows = (q[0] if isinstance(q, tuple) else q).shape[0]
         clean = args[7] if len(args) > 7 else None
-        self.calls.append(Call(role, int(rows), int(args[6]) if len(args) > 6 else None,
-                               int(seq.dim()) if hasattr(seq, "dim") else None,
-                               None if clean is None else bool(clean),
-                               str(kv.dtype if isinstance(kv, torch.Tensor) else type(kv).__name__)))
+        self.calls.append(
+            Call(
+                role,
+                int(rows),
+                int(args[6]) if len(args) > 6 else None,
+                int(seq.dim()) if hasattr(seq, "dim") else None,
+                None if clean is None else bool(clean),
+                str(kv.dtype if isinstance(kv, torch.Tensor) else type(kv).__name__),
+            )
+        )
 
     def _wrap(self, role: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         spies = self
@@ -111,17 +127,34 @@ class Spies:
                     return torch.zeros(q.shape[0], int(args[6]), dtype=torch.float32, device=q.device)
             elif role == "score_deepgemm_nonpaged":
                 q = args[0]
-                spies.calls.append(Call(role, int(q.shape[0]), int(kwargs.get("max_seqlen_k", 0)), None,
-                                        bool(kwargs.get("clean_logits", False))))
+                spies.calls.append(
+                    Call(
+                        role,
+                        int(q.shape[0]),
+                        int(kwargs.get("max_seqlen_k", 0)),
+                        None,
+                        bool(kwargs.get("clean_logits", False)),
+                    )
+                )
                 if spies.probe:
-                    return torch.zeros(q.shape[0], int(kwargs["max_seqlen_k"]), dtype=torch.float32, device=q.device)
+                    return torch.zeros(
+                        q.shape[0], int(kwargs["max_seqlen_k"]), dtype=torch.float32, device=q.device
+                    )
             elif role == "score_bf16_prefill":
                 # bf16_mqa_logits(q, kv, weights, ks, ke, max_seqlen_k, page_table=, clean_logits=)
                 q, kv, width = args[0], args[1], int(args[5] if len(args) > 5 else kwargs["max_seqlen_k"])
                 table = kwargs.get("page_table", args[6] if len(args) > 6 else None)
-                spies.calls.append(Call(role, int(q.shape[0]), width, 1,
-                                        bool(kwargs.get("clean_logits", args[7] if len(args) > 7 else False)),
-                                        str(kv.dtype), launch=bf16_prefill_launch(fn, q, table)))
+                spies.calls.append(
+                    Call(
+                        role,
+                        int(q.shape[0]),
+                        width,
+                        1,
+                        bool(kwargs.get("clean_logits", args[7] if len(args) > 7 else False)),
+                        str(kv.dtype),
+                        launch=bf16_prefill_launch(fn, q, table),
+                    )
+                )
                 if spies.probe:
                     return torch.zeros(q.shape[0], width, dtype=torch.float32, device=q.device)
             else:
@@ -169,7 +202,10 @@ class Spies:
                 spies.calls.append(Call("gather_nonpaged", 0))
                 if spies.probe:  # the keys upstream would gather: their shapes, no kernel
                     n, dev = int(kwargs["plan"].seq_len_sum), kwargs["plan"].page_table.device
-                    return (torch.zeros(n, 128, device=dev).to(torch.float8_e4m3fn), torch.zeros(n, device=dev))
+                    return (
+                        torch.zeros(n, 128, device=dev).to(torch.float8_e4m3fn),
+                        torch.zeros(n, device=dev),
+                    )
                 return original_gather(*args, **kwargs)
 
             self._saved.append((backend, "_gather_nonpaged_index_k", original_gather))
@@ -201,7 +237,11 @@ class Spies:
         if out and torch.cuda.is_available():
             torch.cuda.synchronize()
             peak = int(torch.cuda.max_memory_allocated())
-            out = {"peak_extra": peak - out["base"], "step_peak": max(peak, out["pre_peak"]), "base": out["base"]}
+            out = {
+                "peak_extra": peak - out["base"],
+                "step_peak": max(peak, out["pre_peak"]),
+                "base": out["base"],
+            }
         return out
 
 
@@ -251,8 +291,15 @@ DEEPGEMM_STAND_IN = (
 )
 
 
-def _nonpaged_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
-                     ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = False, max_seqlen_k: int = 0) -> torch.Tensor:
+def _nonpaged_logits(
+    q: torch.Tensor,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    weights: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    clean_logits: bool = False,
+    max_seqlen_k: int = 0,
+) -> torch.Tensor:
     """DeepGEMM ``fp8_mqa_logits``: ``sum_h relu(q_h . k_j * s_j) w_h`` for j in [ks, ke), in fp32."""
     k8, scale = kv
     rows, heads, _ = q.shape
@@ -279,11 +326,21 @@ def deep_gemm_stand_in() -> types.ModuleType:
             return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
         return 132
 
-    def fp8_paged_mqa_logits(q: torch.Tensor, kv: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
-                             page_table: torch.Tensor, metadata: Any, max_len: int, clean_logits: bool) -> torch.Tensor:
+    def fp8_paged_mqa_logits(
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        weights: torch.Tensor,
+        seq_lens: torch.Tensor,
+        page_table: torch.Tensor,
+        metadata: Any,
+        max_len: int,
+        clean_logits: bool,
+    ) -> torch.Tensor:
         from verify.core.fp8_twin import fp8_paged_mqa_logits_twin
 
-        return fp8_paged_mqa_logits_twin(q, kv, weights, seq_lens.reshape(-1), page_table, metadata, max_len, clean_logits)
+        return fp8_paged_mqa_logits_twin(
+            q, kv, weights, seq_lens.reshape(-1), page_table, metadata, max_len, clean_logits
+        )
 
     def get_paged_mqa_logits_metadata(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("DeepGEMM's own metadata kernel is not available here; upstream's JIT one is used")

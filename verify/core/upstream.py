@@ -91,7 +91,9 @@ FUNCTIONS: dict[str, Function] = {
     "score_bf16": Function(f"{_DSV4_OPS}.bf16_index_logits", "bf16_paged_mqa_logits"),
     # one request's long prefill, where upstream's fp8 path gathers its keys for fp8_mqa_logits
     "score_bf16_prefill": Function(f"{_DSV4_OPS}.bf16_mqa_logits", "bf16_mqa_logits"),
-    "score_tilelang": Function("sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits"),
+    "score_tilelang": Function(
+        "sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits"
+    ),
     "score_torch": Function(_INDEXER, "fp8_paged_mqa_logits_torch"),
     "score_torch_sm120": Function(_INDEXER, "fp8_paged_mqa_logits_torch_sm120"),
     "score_aiter": Function(_INDEXER, "_aiter_fp8_paged_mqa_logits"),
@@ -137,8 +139,10 @@ def load_module(role: str) -> tuple[ModuleType, str]:
     relative = module.replace(".", "/") + ".py"
     path = next((Path(e or ".") / relative for e in sys.path if (Path(e or ".") / relative).is_file()), None)
     if path is None:
-        raise UpstreamMissing(f"{relative} not found on sys.path; put the patched upstream's python/ on PYTHONPATH "
-                              f"(package import failed: {first_error})")
+        raise UpstreamMissing(
+            f"{relative} not found on sys.path; put the patched upstream's python/ on PYTHONPATH "
+            f"(package import failed: {first_error})"
+        )
     name = "_verify_" + module.rsplit(".", 1)[-1]
     route = f"standalone file {path} (package import failed: {first_error})"
     if name in sys.modules:
@@ -196,8 +200,12 @@ def _indexer_function_from_source(attr: str, why: str, root: Path | None = None)
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
         node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == attr)
-        code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec",
-                       flags=__future__.annotations.compiler_flag)
+        code = compile(
+            ast.Module(body=[node], type_ignores=[]),
+            str(path),
+            "exec",
+            flags=__future__.annotations.compiler_flag,
+        )
         exec(code, namespace)  # noqa: S102 -- upstream's own source, by design
     except BaseException as exc:  # noqa: BLE001
         return Missing(f"{why}; source route failed: {short_error(exc)}")

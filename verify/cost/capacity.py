@@ -60,10 +60,17 @@ class Serving:
 
 
 def mode_overrides(mode: str, serving: Serving) -> dict[str, object]:
-    common: dict[str, object] = {"page_size": PAGE_SIZE, "max_running_requests": serving.max_running_requests,
-                                 "chunked_prefill_size": serving.chunked_prefill_size}
+    common: dict[str, object] = {
+        "page_size": PAGE_SIZE,
+        "max_running_requests": serving.max_running_requests,
+        "chunked_prefill_size": serving.chunked_prefill_size,
+    }
     if mode == "ratio":
-        return {**common, "swa_full_tokens_ratio": serving.swa_ratio, "_swa_full_tokens_ratio_explicitly_set": True}
+        return {
+            **common,
+            "swa_full_tokens_ratio": serving.swa_ratio,
+            "_swa_full_tokens_ratio_explicitly_set": True,
+        }
     if mode == "cap":
         return {**common, "_swa_full_tokens_ratio_explicitly_set": False}
     raise ValueError(f"unknown SWA sizing {mode!r}; known: {MODES}")
@@ -139,7 +146,9 @@ def capacity(model: ModelShape, fmt: str, mode: str, serving: Serving, context_l
         except RuntimeError as exc:  # the SWA cap alone exceeds the budget: upstream refuses to start
             full, swa, error = None, None, str(exc)
         return Capacity(
-            model=model.name, mode=mode, fmt=fmt,
+            model=model.name,
+            mode=mode,
+            fmt=fmt,
             index_bytes_budgeted=int(conf.indexer_bytes_per_token),
             index_bytes_allocated=get_dsv4_indexer_bytes_per_token(model.index_head_dim, index_k_format=fmt),
             bytes_per_full_token=float(conf.bytes_per_full_token),

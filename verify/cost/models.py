@@ -38,8 +38,11 @@ class ModelShape:
         return sum(1 for r in self.compress_ratios if r == ratio)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "compress_ratios": list(self.compress_ratios),
-                "layers": {str(r): self.layers(r) for r in (0, 4, 128)}}
+        return {
+            **self.__dict__,
+            "compress_ratios": list(self.compress_ratios),
+            "layers": {str(r): self.layers(r) for r in (0, 4, 128)},
+        }
 
 
 FLASH = ModelShape(
@@ -84,13 +87,17 @@ def from_config(path: Path, activated_params: float) -> ModelShape:
     from sglang.srt.configs.deepseek_v4 import DeepSeekV4Config
 
     raw = json.loads(path.read_text())
-    defaults = {f.name: f.default for f in DeepSeekV4Config.__dataclass_fields__.values() if f.default is not MISSING}
+    defaults = {
+        f.name: f.default for f in DeepSeekV4Config.__dataclass_fields__.values() if f.default is not MISSING
+    }
 
     def get(key: str) -> Any:
         return raw.get(key, defaults.get(key))
 
     layers = int(get("num_hidden_layers"))
-    ratios = tuple(int(r) for r in (get("compress_ratios") or ())[:layers])  # a trailing MTP entry is not a layer
+    ratios = tuple(
+        int(r) for r in (get("compress_ratios") or ())[:layers]
+    )  # a trailing MTP entry is not a layer
     if len(ratios) != layers:
         raise ValueError(f"{path}: compress_ratios has {len(ratios)} entries for {layers} layers")
     shape = replace(

@@ -50,17 +50,27 @@ class Bench:
         decode = {
             (r["shape"]["rows"], r["shape"]["keys"]): r["bf16_default"]["ms"] / r["fp8_deepgemm"]["ms"]
             for r in data["results"]
-            if r["shape"]["mode"] == "decode" and not r["shape"].get("width") and r.get("fp8_deepgemm")
-            and r["fp8_deepgemm"].get("ms") and r["bf16_default"].get("ms")
+            if r["shape"]["mode"] == "decode"
+            and not r["shape"].get("width")
+            and r.get("fp8_deepgemm")
+            and r["fp8_deepgemm"].get("ms")
+            and r["bf16_default"].get("ms")
         }
-        prefill = {p["tokens"]: p["derived"]["ratio_dispatch_over_deepgemm_nonpaged"] for p in data["long_prefill"]
-                   if not p.get("skipped") and "ratio_dispatch_over_deepgemm_nonpaged" in p.get("derived", {})}
-        return cls(source, hashlib.sha256(raw).hexdigest()[:16], data["meta"].get("gpu", "?"), decode, prefill)
+        prefill = {
+            p["tokens"]: p["derived"]["ratio_dispatch_over_deepgemm_nonpaged"]
+            for p in data["long_prefill"]
+            if not p.get("skipped") and "ratio_dispatch_over_deepgemm_nonpaged" in p.get("derived", {})
+        }
+        return cls(
+            source, hashlib.sha256(raw).hexdigest()[:16], data["meta"].get("gpu", "?"), decode, prefill
+        )
 
     def decode_ratio(self, rows: int, keys: int) -> Measured:
         measured = sorted(k for r, k in self.decode if r == rows)
         if not measured:
-            raise ValueError(f"the bench has no decode shape with {rows} rows; it has {sorted({r for r, _ in self.decode})}")
+            raise ValueError(
+                f"the bench has no decode shape with {rows} rows; it has {sorted({r for r, _ in self.decode})}"
+            )
         use = _at_or_below(measured, keys)
         return Measured(self.decode[(rows, use)], f"decode {rows} rows x {use:,} keys")
 

@@ -75,7 +75,9 @@ def prefill_flops(model: ModelShape, tokens: int) -> PrefillFlops:
     n4 = torch.floor(t / 4)
     sparse = torch.clamp(n4, max=model.index_topk).sum().item()
     c128 = torch.floor(t / 128).sum().item()
-    per_key = 2 * model.num_attention_heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+    per_key = (
+        2 * model.num_attention_heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+    )
     attended = len(model.compress_ratios) * window + model.layers(4) * sparse + model.layers(128) * c128
     per_index_key = 2 * model.index_n_heads * model.index_head_dim + 2 * model.index_n_heads
     return PrefillFlops(

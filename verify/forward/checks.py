@@ -50,7 +50,9 @@ class KeyCheck:
     numbers: dict[str, Any] = field(default_factory=dict)
 
 
-def decode_pool_keys(pool_buf: torch.Tensor, slots: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def decode_pool_keys(
+    pool_buf: torch.Tensor, slots: torch.Tensor, fmt: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Stored keys of ``slots`` from the 2-D uint8 indexer buffer: bf16 ``[n,128]`` (and None),
     or fp8 dequantized fp32 ``[n,128]`` and the fp32 scales."""
     slots = slots.long().to(pool_buf.device)
@@ -59,7 +61,9 @@ def decode_pool_keys(pool_buf: torch.Tensor, slots: torch.Tensor, fmt: str) -> t
         rows = pool_buf.view(pool_buf.shape[0], 64, 256)[page, off]
         return rows.contiguous().view(torch.bfloat16), None
     vals = pool_buf[:, : 64 * 128].reshape(pool_buf.shape[0], 64, 128)[page, off]
-    scale = pool_buf[:, 64 * 128 :].reshape(pool_buf.shape[0], 64, 4)[page, off].contiguous().view(torch.float32)
+    scale = (
+        pool_buf[:, 64 * 128 :].reshape(pool_buf.shape[0], 64, 4)[page, off].contiguous().view(torch.float32)
+    )
     codes = vals.contiguous().view(torch.float8_e4m3fn).float()
     return codes * scale, scale.squeeze(-1)
 
@@ -95,7 +99,9 @@ def check_keys(pool_buf: torch.Tensor, slots: torch.Tensor, ref: torch.Tensor, f
         amax = ref.abs().amax(1)
         exp_scale = amax / FP8_MAX
         scale_ok = (scale - exp_scale).abs() <= 1e-4 * exp_scale.abs() + 1e-30
-        bound = fp8_half_ulp(ref / exp_scale.unsqueeze(1)) * exp_scale.unsqueeze(1) * 1.01 + 1e-5 * amax.unsqueeze(1)
+        bound = fp8_half_ulp(ref / exp_scale.unsqueeze(1)) * exp_scale.unsqueeze(
+            1
+        ) * 1.01 + 1e-5 * amax.unsqueeze(1)
         within = (stored - ref).abs() <= bound
         bad_rows = ~(within.all(1) & scale_ok)
         detail = (
@@ -179,7 +185,9 @@ def check_selection(
             if finite and diff <= SCORER_BOUND:
                 # a near-tie is a gap the (correct) scorer's own error on this row can flip
                 tie = torch.maximum(tie, 2 * (lg - s_same).abs().amax(1))
-            own = tie_aware_recall(lg.nan_to_num(float("-inf")), ch_valid, k, lg.abs().nan_to_num(0).amax(1) * 1e-6)
+            own = tie_aware_recall(
+                lg.nan_to_num(float("-inf")), ch_valid, k, lg.abs().nan_to_num(0).amax(1) * 1e-6
+            )
             topk_own.append(float(own.min()))
         r_same = tie_aware_recall(s_same, ch_valid, k, tie)
         s_ex = scores64(q_exact[idx], w_exact[idx], ref_keys[:lens])
@@ -189,13 +197,17 @@ def check_selection(
         s_ref, ref_chosen = reference_selection(indexer, q_exact[idx], w_exact[idx], lens, k)
         s_ref = s_ref.double().to(s_ex.device)
         rec_ref.append(tie_aware_recall(s_ref, ch_valid, k, s_ref.abs().amax(1) * TIE_REL).cpu())
-        ref_exact.append(tie_aware_recall(s_ex, ref_chosen.to(s_ex.device), k, s_ex.abs().amax(1) * TIE_REL).cpu())
+        ref_exact.append(
+            tie_aware_recall(s_ex, ref_chosen.to(s_ex.device), k, s_ex.abs().amax(1) * TIE_REL).cpu()
+        )
         bad = (r_same < 1.0).cpu()
         wrong_rows += idx[bad].tolist()
         if bool(bad.any()):
             kth = s_same.topk(min(k, lens), dim=1).values[:, -1]
             picked = s_same.gather(1, ch_valid.to(s_same.device).clamp(min=0))
-            picked = torch.where(ch_valid.to(s_same.device) >= 0, picked, torch.full_like(picked, float("inf")))
+            picked = torch.where(
+                ch_valid.to(s_same.device) >= 0, picked, torch.full_like(picked, float("inf"))
+            )
             gap = (kth - picked.min(1).values) / s_same.abs().amax(1).clamp(min=1e-300)
             gaps += gap[bad.to(gap.device)].tolist()
 
@@ -213,17 +225,26 @@ def check_selection(
         f"(ties within {TIE_REL:g} of the row max); exact-oracle tie-aware recall {r_exact_mean:.4f}"
     )
     if r_ref_mean is not None and ref_exact_mean is not None:
-        detail += (f"; vs DeepSeek's reference selection (fp4 q x fp4 k, reported) {r_ref_mean:.4f}, "
-                   f"which itself keeps {ref_exact_mean:.4f} of the exact oracle's")
-    numbers: dict[str, Any] = {"wrong_rows": wrong[:50],
-                               "min_recall_same_input": float(same.min()) if same.numel() else 1.0,
-                               "min_recall_exact": float(exact.min()) if exact.numel() else 1.0,
-                               "reference_recall_exact": ref_exact_mean}
+        detail += (
+            f"; vs DeepSeek's reference selection (fp4 q x fp4 k, reported) {r_ref_mean:.4f}, "
+            f"which itself keeps {ref_exact_mean:.4f} of the exact oracle's"
+        )
+    numbers: dict[str, Any] = {
+        "wrong_rows": wrong[:50],
+        "min_recall_same_input": float(same.min()) if same.numel() else 1.0,
+        "min_recall_exact": float(exact.min()) if exact.numel() else 1.0,
+        "reference_recall_exact": ref_exact_mean,
+    }
     if prod_logits is not None:
-        numbers |= {"scorer_calc_diff_max": max(scorer_diff, default=0.0), "scorer_finite": scorer_finite,
-                    "topk_recall_on_its_logits_min": min(topk_own, default=1.0)}
+        numbers |= {
+            "scorer_calc_diff_max": max(scorer_diff, default=0.0),
+            "scorer_finite": scorer_finite,
+            "topk_recall_on_its_logits_min": min(topk_own, default=1.0),
+        }
     if not scorer_ok:
-        detail += f"; SCORER off its oracle (calc_diff {max(scorer_diff, default=0.0):.1e}, finite {scorer_finite})"
+        detail += (
+            f"; SCORER off its oracle (calc_diff {max(scorer_diff, default=0.0):.1e}, finite {scorer_finite})"
+        )
     if wrong:
         detail += f"; WRONG rows (first {wrong[:5]}): min same-input recall {float(same.min()):.4f}"
         numbers["worst_gap_below_kth_rel"] = max(gaps, default=0.0)
@@ -231,14 +252,24 @@ def check_selection(
         if prod_logits is not None:
             blame = []
             if not scorer_ok:
-                blame.append(f"scorer (calc_diff {numbers['scorer_calc_diff_max']:.1e} vs the same-input oracle)")
+                blame.append(
+                    f"scorer (calc_diff {numbers['scorer_calc_diff_max']:.1e} vs the same-input oracle)"
+                )
             if numbers["topk_recall_on_its_logits_min"] < 1.0:
-                blame.append(f"top-k (recall {numbers['topk_recall_on_its_logits_min']:.4f} on its own input)")
-            detail += "; " + (" and ".join(blame) if blame else "scorer within 5e-6 and top-k exact on its input: a near-tie")
+                blame.append(
+                    f"top-k (recall {numbers['topk_recall_on_its_logits_min']:.4f} on its own input)"
+                )
+            detail += "; " + (
+                " and ".join(blame)
+                if blame
+                else "scorer within 5e-6 and top-k exact on its input: a near-tie"
+            )
     return SelectionCheck(rows, ok, detail, r_same_mean, r_exact_mean, numbers, r_ref_mean)
 
 
-def logits_row_digests(logits: torch.Tensor, lens: torch.Tensor, min_keys: int, chunk: int = 4096) -> torch.Tensor:
+def logits_row_digests(
+    logits: torch.Tensor, lens: torch.Tensor, min_keys: int, chunk: int = 4096
+) -> torch.Tensor:
     """One int64 per row: the sum of the fp32 bit patterns of the row's first ``lens[r]`` logits
     (the columns a top-k reads), 0 for rows of at most ``min_keys`` keys (the top-k takes all of
     their keys without reading logits, and upstream's non-paged path leaves them unwritten). Two
@@ -268,8 +299,12 @@ def _differing_rows(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
     return int(rows.sum()), worst
 
 
-def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dict[str, Any] | None = None,
-                     patched_control: dict[str, Any] | None = None) -> dict[str, Any]:
+def compare_flag_off(
+    patched: dict[str, Any],
+    base: dict[str, Any],
+    control: dict[str, Any] | None = None,
+    patched_control: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Flag off, the patched tree must leave the same pool bytes and select the same slots as the
     unpatched tree. Each record: ``selections`` (step -> sorted slots), ``pool_digest`` (step ->
     digest), ``step_status`` (step -> the oracle checks' verdict).
@@ -284,10 +319,17 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
     Both records also name how the profile's scorer was built (``scorer_build``: e.g. TileLang
     forced to sm_120's lowering, or None); runs whose scorers were built differently are not
     comparable -- another reduction order breaks near-ties its own way -- and end in ``error``."""
-    builds = [r.get("scorer_build") for r in (patched, base, *(c for c in (control, patched_control) if c is not None))]
+    builds = [
+        r.get("scorer_build")
+        for r in (patched, base, *(c for c in (control, patched_control) if c is not None))
+    ]
     if len(set(builds)) > 1:
-        return {"status": "error", "steps": len(patched["selections"]), "differing_steps": {},
-                "detail": f"not comparable: the scorer was built differently in the patched and unpatched runs ({builds})"}
+        return {
+            "status": "error",
+            "steps": len(patched["selections"]),
+            "differing_steps": {},
+            "detail": f"not comparable: the scorer was built differently in the patched and unpatched runs ({builds})",
+        }
     ps, bs = patched["selections"], base["selections"]
     pool = sorted(k for k, v in patched["pool_digest"].items() if base["pool_digest"].get(k) != v)
     missing = sorted(k for k in bs if k not in ps)
@@ -297,7 +339,9 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
         if k in bs and not torch.equal(v, bs[k]):
             rows, worst = _differing_rows(v, bs[k])
             entry: dict[str, Any] = {
-                "rows": rows, "of_rows": int(v.shape[0]), "max_slots_per_row": worst,
+                "rows": rows,
+                "of_rows": int(v.shape[0]),
+                "max_slots_per_row": worst,
                 "patched_oracle_check": patched.get("step_status", {}).get(k, "unknown"),
                 "unpatched_oracle_check": base.get("step_status", {}).get(k, "unknown"),
             }
@@ -314,14 +358,25 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
                 rows = (v != bs[k]).any(1)
                 entry["scores_differ_on_those_rows"] = bool((pd[rows] != bd[rows]).any())
             differing[k] = entry
-    tie_breaks = [k for k, e in differing.items()
-                  if e["patched_oracle_check"] == "pass" and e["unpatched_oracle_check"] == "pass"
-                  and (e.get("unpatched_rerun_differs") is True or e.get("patched_rerun_differs") is True)]
+    tie_breaks = [
+        k
+        for k, e in differing.items()
+        if e["patched_oracle_check"] == "pass"
+        and e["unpatched_oracle_check"] == "pass"
+        and (e.get("unpatched_rerun_differs") is True or e.get("patched_rerun_differs") is True)
+    ]
     unexplained = [k for k in differing if k not in tie_breaks]
     controlled = control is not None or patched_control is not None
     n = len(ps)
-    if pool or missing or extra or any(e["patched_oracle_check"] != "pass" or e["unpatched_oracle_check"] != "pass"
-                                       for e in differing.values()):
+    if (
+        pool
+        or missing
+        or extra
+        or any(
+            e["patched_oracle_check"] != "pass" or e["unpatched_oracle_check"] != "pass"
+            for e in differing.values()
+        )
+    ):
         status = "fail"
     elif unexplained and not controlled:
         status = "incomplete"
@@ -332,22 +387,35 @@ def compare_flag_off(patched: dict[str, Any], base: dict[str, Any], control: dic
     if not differing and status == "pass":
         detail = f"flag off: all {n} steps select the same slots and leave the same pool bytes as the unpatched tree"
     else:
-        parts = [f"flag off, {n} steps: pool bytes {'identical' if not pool else 'DIFFER at ' + str(pool[:5])}"]
+        parts = [
+            f"flag off, {n} steps: pool bytes {'identical' if not pool else 'DIFFER at ' + str(pool[:5])}"
+        ]
         if missing or extra:
             parts.append(f"steps missing {missing[:5]}, extra {extra[:5]}")
         if differing:
             rows = sum(e["rows"] for e in differing.values())
-            parts.append(f"selections differ on {len(differing)} steps ({rows} rows, at most "
-                         f"{max(e['max_slots_per_row'] for e in differing.values())} slots a row)")
+            parts.append(
+                f"selections differ on {len(differing)} steps ({rows} rows, at most "
+                f"{max(e['max_slots_per_row'] for e in differing.values())} slots a row)"
+            )
         if tie_breaks:
-            parts.append(f"{len(tie_breaks)} of them: both trees pass the same-input oracle up to ties and one tree "
-                         "differs from itself on a rerun there (run-to-run tie-breaking of the kernels both run)")
+            parts.append(
+                f"{len(tie_breaks)} of them: both trees pass the same-input oracle up to ties and one tree "
+                "differs from itself on a rerun there (run-to-run tie-breaking of the kernels both run)"
+            )
         if unexplained and not controlled:
             parts.append(f"unexplained on {len(unexplained)} (no rerun of either tree to compare with)")
         elif unexplained:
             parts.append(f"NOT explained by either tree's own variation on {unexplained[:5]}")
         detail = "; ".join(parts)
     reruns = [name for name, c in (("unpatched", control), ("patched", patched_control)) if c is not None]
-    return {"status": status, "steps": n, "detail": detail, "differing_steps": differing,
-            "pool_differs": pool, "missing": missing, "extra": extra,
-            "control": " and ".join(f"{t} tree run twice" for t in reruns) or None}
+    return {
+        "status": status,
+        "steps": n,
+        "detail": detail,
+        "differing_steps": differing,
+        "pool_differs": pool,
+        "missing": missing,
+        "extra": extra,
+        "control": " and ".join(f"{t} tree run twice" for t in reruns) or None,
+    }

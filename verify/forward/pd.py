@@ -98,8 +98,14 @@ def indexer_rows(pool: Any, layer_id: int = 0) -> torch.Tensor:
     return buf
 
 
-def compare_indexer_pages(src_pool: Any, dst_pool: Any, src_pages: list[int], dst_pages: list[int],
-                          canary_pages: list[int], canary_before: torch.Tensor) -> PageComparison:
+def compare_indexer_pages(
+    src_pool: Any,
+    dst_pool: Any,
+    src_pages: list[int],
+    dst_pages: list[int],
+    canary_pages: list[int],
+    canary_before: torch.Tensor,
+) -> PageComparison:
     src, dst = indexer_rows(src_pool), indexer_rows(dst_pool)
     same = [bool(torch.equal(src[s], dst[d])) for s, d in zip(src_pages, dst_pages)]
     first = next((i for i, ok in enumerate(same) if not ok), None)

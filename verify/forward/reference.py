@@ -82,7 +82,11 @@ def reference_selection(
     rows = q_exact.shape[0]
     dev = indexer.keys.values.device
     scores, chosen = indexer.select(
-        q_exact.to(dev), w_exact.to(dev), torch.arange(rows, device=dev), dense_page_table(n_keys, rows, dev),
-        torch.full((rows,), n_keys, dtype=torch.int32, device=dev), torch.full((rows,), k, dtype=torch.int64, device=dev),
+        q_exact.to(dev),
+        w_exact.to(dev),
+        torch.arange(rows, device=dev),
+        dense_page_table(n_keys, rows, dev),
+        torch.full((rows,), n_keys, dtype=torch.int32, device=dev),
+        torch.full((rows,), k, dtype=torch.int64, device=dev),
     )
     return scores[:, :n_keys], chosen

@@ -173,15 +173,30 @@ class Arm:
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    indexer.forward(x=x, q_lora=q_lora, forward_batch=fb, attn_backend=backend,
-                                    enable_multi_stream=True, q_lora_ready=ready)
+                    indexer.forward(
+                        x=x,
+                        q_lora=q_lora,
+                        forward_batch=fb,
+                        attn_backend=backend,
+                        enable_multi_stream=True,
+                        q_lora_ready=ready,
+                    )
                 torch.cuda.current_stream().wait_stream(side)
             else:
                 indexer.forward(x=x, q_lora=q_lora, forward_batch=fb, attn_backend=backend)
 
-    def step(self, scenario: str, label: str, reqs: list[Request], extend_lens: list[int], mode: str,
-             multi_stream: bool = False, bounded: bool = False, checked: bool = True, lean: bool = False
-             ) -> StepResult:
+    def step(
+        self,
+        scenario: str,
+        label: str,
+        reqs: list[Request],
+        extend_lens: list[int],
+        mode: str,
+        multi_stream: bool = False,
+        bounded: bool = False,
+        checked: bool = True,
+        lean: bool = False,
+    ) -> StepResult:
         """One forward and its checks. ``lean``: only the rows the checks read are kept from its
         logits (copied to the host row by row as the top-k reads each chunk) and the logits phase's
         memory is measured; ``bounded`` (lean too): a step under a logits memory budget, whose
@@ -198,8 +213,10 @@ class Arm:
         picks = _picks(reqs, extend_lens, fb.positions)
         if lean:
             offsets = torch.tensor([0, *extend_lens]).cumsum(0)[:-1].tolist()
-            keep = torch.tensor(sorted(o + r for o, pick in zip(offsets, picks) for r in pick) if checked else [],
-                                dtype=torch.long)
+            keep = torch.tensor(
+                sorted(o + r for o, pick in zip(offsets, picks) for r in pick) if checked else [],
+                dtype=torch.long,
+            )
             self.spies.arm_lean(keep, track_phase=True)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -211,7 +228,9 @@ class Arm:
         phase = self.spies.take_phase() if lean else {}
         peak = (phase.get("step_peak", torch.cuda.max_memory_allocated()) - base) / 2**20
         kept = self.spies.take_kept_rows() if lean else None
-        selected = rig.backend.forward_metadata.core_metadata.c4_sparse_page_indices[:rows, :INDEX_TOPK].clone()
+        selected = rig.backend.forward_metadata.core_metadata.c4_sparse_page_indices[
+            :rows, :INDEX_TOPK
+        ].clone()
         im = rig.backend.forward_metadata.indexer_metadata
         width = im.max_compressed_seq_len
         plan = indexer_plan(im, rows)
@@ -219,8 +238,22 @@ class Arm:
         rig.commit(reqs, extend_lens)
         run = "multi-stream" if multi_stream else "eager"
         key = f"{scenario}:{label}:{run}"
-        res = self._check(scenario, label, run, mode, reqs, extend_lens, selected, positions, x, q_lora,
-                          digest_key=None if lean else key, picks=picks, kept_rows=kept, checked=checked)
+        res = self._check(
+            scenario,
+            label,
+            run,
+            mode,
+            reqs,
+            extend_lens,
+            selected,
+            positions,
+            x,
+            q_lora,
+            digest_key=None if lean else key,
+            picks=picks,
+            kept_rows=kept,
+            checked=checked,
+        )
         res.peak_mb = round(peak, 2)
         res.logits_mb = round(rows * width * 4 / 2**20, 2)
         res.indexer_plan = plan
@@ -234,13 +267,17 @@ class Arm:
                 res.detail = " | ".join(prior + problems)
             res.detail += "; " + bounded_summary(res)
         if checked:  # (an unchecked prefix step's slots: megabytes a step, compared by nothing)
-            self.selections[key] = selected.sort(dim=1).values.cpu()  # the top-k's order is not part of its contract
+            self.selections[key] = selected.sort(
+                dim=1
+            ).values.cpu()  # the top-k's order is not part of its contract
             self.pool_digest[key] = hashlib.sha256(self.pool_buf.cpu().numpy().tobytes()).hexdigest()[:16]
         self.step_status[key] = res.status
         self.results.append(res)
         return res
 
-    def graph_decode(self, scenario: str, label: str, reqs: list[Request], steps: int, bucket: int = 4) -> list[StepResult]:
+    def graph_decode(
+        self, scenario: str, label: str, reqs: list[Request], steps: int, bucket: int = 4
+    ) -> list[StepResult]:
         """Capture one decode step at ``bucket`` rows with every row one token long (the capture
         batch the graph runner uses), then for ``steps`` steps replay it at the live lengths of
         ``reqs`` (padded to the bucket) and compare with eager on the same inputs and state."""
@@ -260,7 +297,9 @@ class Arm:
             backend.init_cuda_graph_state(max_bs=bucket, max_num_tokens=bucket)
             backend.init_forward_metadata_out_graph(cap_fb, in_capture=True)
             backend.init_forward_metadata_in_graph(cap_fb)
-            indexer.forward(x=x_static, q_lora=q_static, forward_batch=cap_fb, attn_backend=backend)  # warm-up
+            indexer.forward(
+                x=x_static, q_lora=q_static, forward_batch=cap_fb, attn_backend=backend
+            )  # warm-up
             backend.init_forward_metadata_out_graph(cap_fb, in_capture=True)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -305,7 +344,9 @@ class Arm:
             # The eager run's logits stay for the checks: same inputs, same kernel as the replay
             # (whose own logits live inside the graph); the replay's selection is compared with
             # eager's below.
-            res = self._check(scenario, f"{label} step {s}", "graph", "decode", reqs, [1] * n, sel, positions, x, q_lora)
+            res = self._check(
+                scenario, f"{label} step {s}", "graph", "decode", reqs, [1] * n, sel, positions, x, q_lora
+            )
             # the top-k writes its k slots in no particular order: compare the sets
             same = torch.equal(sel.sort(dim=1).values, eager_sel.sort(dim=1).values)
             res.scorer = roles_called([c for c in graph_calls if c.role in SCORERS])
@@ -324,10 +365,23 @@ class Arm:
         return out
 
     # -- checks -----------------------------------------------------------------------------------
-    def _check(self, scenario: str, label: str, run: str, mode: str, reqs: list[Request], extend_lens: list[int],
-               selected: torch.Tensor, positions: torch.Tensor, x: torch.Tensor, q_lora: torch.Tensor,
-               digest_key: str | None = None, picks: list[list[int]] | None = None,
-               kept_rows: dict[int, torch.Tensor] | None = None, checked: bool = True) -> StepResult:
+    def _check(
+        self,
+        scenario: str,
+        label: str,
+        run: str,
+        mode: str,
+        reqs: list[Request],
+        extend_lens: list[int],
+        selected: torch.Tensor,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        q_lora: torch.Tensor,
+        digest_key: str | None = None,
+        picks: list[list[int]] | None = None,
+        kept_rows: dict[int, torch.Tensor] | None = None,
+        checked: bool = True,
+    ) -> StepResult:
         """The step's checks; with ``digest_key``, also the per-row digest of the logits the
         top-k read, kept under that key for the flag-off comparison. ``picks``: the rows of each
         request to check (default :func:`_sample_rows`); ``kept_rows``: a lean step's logits of
@@ -340,8 +394,9 @@ class Arm:
             logits = None
         if digest_key is not None and logits is not None:
             try:  # what the flag-off comparison reports beside the selections; never fails a step
-                self.logits_digest[digest_key] = logits_row_digests(logits, (positions[: logits.shape[0]] + 1) // 4,
-                                                                    INDEX_TOPK)
+                self.logits_digest[digest_key] = logits_row_digests(
+                    logits, (positions[: logits.shape[0]] + 1) // 4, INDEX_TOPK
+                )
             except (RuntimeError, ValueError) as exc:
                 print(f"  note: no logits digest for this step ({U.short_error(exc)})", flush=True)
         scorer = roles_called([c for c in calls if c.role in SCORERS])
@@ -349,9 +404,21 @@ class Arm:
         other = roles_called([c for c in calls if c.role not in SCORERS and c.role not in TOPKS])
         launches = list(dict.fromkeys(c.launch for c in calls if c.role in BF16_SCORERS and c.launch))
         scorer_calls = [c for c in calls if c.role in SCORERS]
-        res = StepResult(self.applied.name, self.spec.name, scenario, run, mode, label, "pass",
-                         [r.length for r in reqs], scorer=scorer, topk=topk, other_calls=other,
-                         bf16_launches=launches, scorer_calls=len(scorer_calls))
+        res = StepResult(
+            self.applied.name,
+            self.spec.name,
+            scenario,
+            run,
+            mode,
+            label,
+            "pass",
+            [r.length for r in reqs],
+            scorer=scorer,
+            topk=topk,
+            other_calls=other,
+            bf16_launches=launches,
+            scorer_calls=len(scorer_calls),
+        )
         chunk_bytes = [c.out_bytes for c in scorer_calls if c.out_bytes]
         if chunk_bytes:
             res.logits_chunk_max_mb = round(max(chunk_bytes) / 2**20, 2)
@@ -359,7 +426,9 @@ class Arm:
         if self.spec.fmt == "bf16":
             fp8 = [s for s in scorer if s in FP8_SCORERS]
             if fp8 or "gather_nonpaged" in other:
-                problems.append(f"flag on but fp8 path ran: {fp8 + [o for o in other if o == 'gather_nonpaged']}")
+                problems.append(
+                    f"flag on but fp8 path ran: {fp8 + [o for o in other if o == 'gather_nonpaged']}"
+                )
             if run != "graph" and not any(s in BF16_SCORERS for s in scorer):
                 problems.append("flag on but the bf16 scorer did not run")
             schedules = [o for o in other if o in SCHEDULE_ROLES]
@@ -369,7 +438,9 @@ class Arm:
             grouped = f"group_rows={self.spec.draft_tokens}"
             if mode == "target_verify" and not any(x.split()[0] == grouped for x in launches):
                 # the dispatch groups a uniform target verify's rows per request (patch 5)
-                problems.append(f"target verify with {self.spec.draft_tokens} draft tokens not scored in groups: {launches}")
+                problems.append(
+                    f"target verify with {self.spec.draft_tokens} draft tokens not scored in groups: {launches}"
+                )
         q_prod, w_prod = self.q_log[-1] if self.q_log else (None, None)
         offset = 0
         for i, (req, n) in enumerate(zip(reqs, extend_lens)):
@@ -400,7 +471,11 @@ class Arm:
             q_ex, w_ex = reference_q(x[rows][pick], q_lora[rows][pick], pos, rig.weights, rig.freqs_cis)
             if kept_rows is not None:
                 have = [base_row + r in kept_rows for r in pick]
-                lg = torch.stack([kept_rows[base_row + r] for r in pick]).to(rig.device) if pick and all(have) else None
+                lg = (
+                    torch.stack([kept_rows[base_row + r] for r in pick]).to(rig.device)
+                    if pick and all(have)
+                    else None
+                )
             else:
                 lg = logits[rows][torch.tensor(pick, device=logits.device)] if logits is not None else None
             sc = check_selection(chosen, row_lens, qp, wp, stored.float(), q_ex, w_ex, ref, INDEX_TOPK, lg)
@@ -409,10 +484,16 @@ class Arm:
                 problems.append(f"request {req.rid} selection: {sc.detail}")
         if problems:
             res.status = "fail"
-        res.detail = " | ".join(problems) if problems else (
-            f"keys and selection match the oracles for {len(reqs)} request(s); scorer {scorer}, top-k {topk}"
-            if checked else f"prefix step, keys and selection not checked (the request's last step checks them); "
-                            f"scorer {scorer}, top-k {topk}")
+        res.detail = (
+            " | ".join(problems)
+            if problems
+            else (
+                f"keys and selection match the oracles for {len(reqs)} request(s); scorer {scorer}, top-k {topk}"
+                if checked
+                else f"prefix step, keys and selection not checked (the request's last step checks them); "
+                f"scorer {scorer}, top-k {topk}"
+            )
+        )
         return res
 
 
@@ -453,7 +534,11 @@ def indexer_plan(im: Any, rows: int) -> dict[str, Any]:
     plan = getattr(im, "nonpaged_plan", None)
     out: dict[str, Any] = {
         "index_k_format": getattr(im, "index_k_format", None),  # None: a tree before the option
-        "deep_gemm_metadata": "none" if dg is None else f"{len(dg)} schedules" if isinstance(dg, list) else "one schedule",
+        "deep_gemm_metadata": "none"
+        if dg is None
+        else f"{len(dg)} schedules"
+        if isinstance(dg, list)
+        else "one schedule",
         "budget_bytes": getattr(im, "mqa_logits_budget_bytes", None),
         "rows_per_chunk": getattr(im, "rows_per_chunk", None),
         "rows_per_request": getattr(im, "rows_per_request", None),
@@ -461,8 +546,11 @@ def indexer_plan(im: Any, rows: int) -> dict[str, Any]:
         "nonpaged": None,
     }
     if plan is not None:
-        out["nonpaged"] = {"query_rows": int(plan.query_rows), "max_seqlen_k": int(plan.max_seqlen_k),
-                           "rows_per_chunk": plan.rows_per_chunk}
+        out["nonpaged"] = {
+            "query_rows": int(plan.query_rows),
+            "max_seqlen_k": int(plan.max_seqlen_k),
+            "rows_per_chunk": plan.rows_per_chunk,
+        }
         out["unchunked_logits_bytes"] = int(plan.query_rows) * mqa_logits_row_bytes(int(plan.max_seqlen_k))
     return out
 
@@ -489,9 +577,13 @@ def bounded_problems(fmt: str, res: StepResult, phase: dict[str, int]) -> list[s
         return [f"bounded step whose logits fit the budget in one piece ({whole} <= {budget} B): not bounded"]
     out = []
     if res.scorer_calls < 2:
-        out.append(f"logits not chunked: {res.scorer_calls} scorer call(s) for {whole} B of logits, budget {budget} B")
+        out.append(
+            f"logits not chunked: {res.scorer_calls} scorer call(s) for {whole} B of logits, budget {budget} B"
+        )
     if res.logits_chunk_max_mb is not None and res.logits_chunk_max_mb * 2**20 > budget:
-        out.append(f"a logits chunk of {res.logits_chunk_max_mb} MiB exceeds the budget of {budget / 2**20:.2f} MiB")
+        out.append(
+            f"a logits chunk of {res.logits_chunk_max_mb} MiB exceeds the budget of {budget / 2**20:.2f} MiB"
+        )
     if plan.get("deep_gemm_metadata") != "none":
         out.append(f"DeepGEMM metadata built for bf16: {plan.get('deep_gemm_metadata')}")
     if plan.get("nonpaged") is None and plan.get("rows_per_chunk") is None:
@@ -499,20 +591,24 @@ def bounded_problems(fmt: str, res: StepResult, phase: dict[str, int]) -> list[s
     if phase:
         limit = budget + max(PHASE_SLACK_BYTES, budget // 4)
         if phase["peak_extra"] > limit:
-            out.append(f"the logits phase peaked at {phase['peak_extra'] / 2**20:.1f} MiB beyond what was live, "
-                       f"over the budget {budget / 2**20:.1f} MiB + slack")
+            out.append(
+                f"the logits phase peaked at {phase['peak_extra'] / 2**20:.1f} MiB beyond what was live, "
+                f"over the budget {budget / 2**20:.1f} MiB + slack"
+            )
     return out
 
 
 def bounded_summary(res: StepResult) -> str:
     plan = res.indexer_plan
     budget = plan.get("budget_bytes") or 0
-    path = ("non-paged (one request's prefill)" if plan.get("nonpaged") else "paged")
-    per = (plan["nonpaged"]["rows_per_chunk"] if plan.get("nonpaged") else plan.get("rows_per_chunk"))
-    return (f"logits budget {budget / 2**20:.1f} MiB, {plan.get('unchunked_logits_bytes', 0) / 2**20:.1f} MiB "
-            f"in one piece; {path} path, {res.scorer_calls} chunk(s) of <= {per} rows, the largest "
-            f"{res.logits_chunk_max_mb} MiB; logits phase peak {res.logits_phase_peak_mb} MiB; DeepGEMM "
-            f"schedules: {plan.get('deep_gemm_metadata')}")
+    path = "non-paged (one request's prefill)" if plan.get("nonpaged") else "paged"
+    per = plan["nonpaged"]["rows_per_chunk"] if plan.get("nonpaged") else plan.get("rows_per_chunk")
+    return (
+        f"logits budget {budget / 2**20:.1f} MiB, {plan.get('unchunked_logits_bytes', 0) / 2**20:.1f} MiB "
+        f"in one piece; {path} path, {res.scorer_calls} chunk(s) of <= {per} rows, the largest "
+        f"{res.logits_chunk_max_mb} MiB; logits phase peak {res.logits_phase_peak_mb} MiB; DeepGEMM "
+        f"schedules: {plan.get('deep_gemm_metadata')}"
+    )
 
 
 def _slots_to_keys(rig: Rig, req: Request, sel: torch.Tensor) -> torch.Tensor:
@@ -520,8 +616,11 @@ def _slots_to_keys(rig: Rig, req: Request, sel: torch.Tensor) -> torch.Tensor:
     slot outside the request's pages becomes a huge index the check rejects."""
     n_slots = len(req.pages) * 64
     slots = rig.slot_of(req, torch.arange(n_slots))
-    inv = torch.full((int(rig.pool.c4_indexer_kv_pool.index_k_with_scale_buffer[0].shape[0]) * 64,), 1 << 30,
-                     dtype=torch.int64)
+    inv = torch.full(
+        (int(rig.pool.c4_indexer_kv_pool.index_k_with_scale_buffer[0].shape[0]) * 64,),
+        1 << 30,
+        dtype=torch.int64,
+    )
     inv[slots] = torch.arange(n_slots)
     s = sel.long().cpu()
     return torch.where(s >= 0, inv[s.clamp(min=0)], torch.full_like(s, -1))
@@ -542,13 +641,17 @@ def _padded_decode_view(fb: Any, bucket: int) -> Any:
         actual_forward_mode=fb.forward_mode,
         input_ids=torch.cat([fb.input_ids, torch.zeros(pad, dtype=fb.input_ids.dtype, device=dev)]),
         positions=torch.cat([fb.positions, torch.zeros(pad, dtype=fb.positions.dtype, device=dev)]),
-        req_pool_indices=torch.cat([fb.req_pool_indices, torch.zeros(pad, dtype=fb.req_pool_indices.dtype, device=dev)]),
+        req_pool_indices=torch.cat(
+            [fb.req_pool_indices, torch.zeros(pad, dtype=fb.req_pool_indices.dtype, device=dev)]
+        ),
         seq_lens=seq,
         seq_lens_sum=int(seq.sum()),
         seq_lens_cpu=seq.cpu(),
         encoder_lens=None,
         extend_seq_lens=None,
-        out_cache_loc=torch.cat([fb.out_cache_loc, torch.zeros(pad, dtype=fb.out_cache_loc.dtype, device=dev)]),
+        out_cache_loc=torch.cat(
+            [fb.out_cache_loc, torch.zeros(pad, dtype=fb.out_cache_loc.dtype, device=dev)]
+        ),
         spec_info=None,
     )
 
@@ -583,11 +686,37 @@ class Sizes:
     only: tuple[str, ...] | None = None  # run only these scenarios (None: all of SCENARIOS)
 
 
-SCENARIOS = ("stale", "chunked", "oneshot", "pd", "boundaries", "mixed", "decode", "graph", "long", "bounded",
-             "bounded_large", "mtp")
-QUICK = Sizes(stale=600, chunked=(3002, 1024), oneshot=(2100,), boundaries=(2048,), residues=(1201, 1202),
-              chunk_sizes=(1024,), mixed_chunk=300, decode_steps=5, graph_steps=2, long=None, mtp_prefill=1500, mtp_steps=2,
-              pd=1200, bounded=(8192, 8192, 4096), bounded_large=None)
+SCENARIOS = (
+    "stale",
+    "chunked",
+    "oneshot",
+    "pd",
+    "boundaries",
+    "mixed",
+    "decode",
+    "graph",
+    "long",
+    "bounded",
+    "bounded_large",
+    "mtp",
+)
+QUICK = Sizes(
+    stale=600,
+    chunked=(3002, 1024),
+    oneshot=(2100,),
+    boundaries=(2048,),
+    residues=(1201, 1202),
+    chunk_sizes=(1024,),
+    mixed_chunk=300,
+    decode_steps=5,
+    graph_steps=2,
+    long=None,
+    mtp_prefill=1500,
+    mtp_steps=2,
+    pd=1200,
+    bounded=(8192, 8192, 4096),
+    bounded_large=None,
+)
 
 
 def prefill(arm: Arm, scenario: str, req: Request, total: int, chunk: int | None) -> None:
@@ -647,8 +776,13 @@ def run_scenarios(arm: Arm, sizes: Sizes) -> None:
     if want("mixed"):
         # MIXED: a new request's first chunk with the live ones decoding
         m = rig.new_request(60)
-        arm.step("mixed", f"{sizes.mixed_chunk}-token chunk + {len(live)} decoding", [m, *live],
-                 [sizes.mixed_chunk] + [1] * len(live), "mixed")
+        arm.step(
+            "mixed",
+            f"{sizes.mixed_chunk}-token chunk + {len(live)} decoding",
+            [m, *live],
+            [sizes.mixed_chunk] + [1] * len(live),
+            "mixed",
+        )
         live.append(m)
     if want("decode") and live:
         for s in range(sizes.decode_steps):
@@ -687,8 +821,12 @@ def logits_budget(target_bytes: int) -> Iterator[dict[str, Any]]:
         at_probe = mqa_logits_budget_bytes(device_index=device, allow_sync=True)
     fraction = probe * target_bytes / max(at_probe, 1)
     with _env(BUDGET_ENV, f"{fraction:.9g}"):
-        yield {"env": BUDGET_ENV, "fraction": fraction, "target_bytes": int(target_bytes),
-               "budget_bytes": int(mqa_logits_budget_bytes(device_index=device, allow_sync=True))}
+        yield {
+            "env": BUDGET_ENV,
+            "fraction": fraction,
+            "target_bytes": int(target_bytes),
+            "budget_bytes": int(mqa_logits_budget_bytes(device_index=device, allow_sync=True)),
+        }
 
 
 def bounded_scenario(arm: Arm, sizes: Sizes) -> None:
@@ -713,9 +851,22 @@ def bounded_scenario(arm: Arm, sizes: Sizes) -> None:
         rig.finish(r)
         a, b = rig.new_request(81), rig.new_request(82)
         for req in (a, b):
-            arm.step("bounded", f"{prefix}-token prefix of request {req.rid}", [req], [prefix], "extend", bounded=True)
-        arm.step("bounded", f"2 requests x {extend} tokens after {prefix}", [a, b], [extend, extend], "extend",
-                 bounded=True)
+            arm.step(
+                "bounded",
+                f"{prefix}-token prefix of request {req.rid}",
+                [req],
+                [prefix],
+                "extend",
+                bounded=True,
+            )
+        arm.step(
+            "bounded",
+            f"2 requests x {extend} tokens after {prefix}",
+            [a, b],
+            [extend, extend],
+            "extend",
+            bounded=True,
+        )
         rig.finish(a)
         rig.finish(b)
 
@@ -734,8 +885,16 @@ def bounded_large_scenario(arm: Arm, sizes: Sizes) -> None:
     while done < total:
         n = min(chunk, total - done)
         last = done + n >= total
-        arm.step("bounded_large", f"{total} tokens, chunk {done}-{done + n}", [r], [n], "extend",
-                 bounded=last, lean=True, checked=last)
+        arm.step(
+            "bounded_large",
+            f"{total} tokens, chunk {done}-{done + n}",
+            [r],
+            [n],
+            "extend",
+            bounded=last,
+            lean=True,
+            checked=last,
+        )
         done += n
     rig.finish(r)
 
@@ -759,12 +918,25 @@ def pd_scenario(arm: Arm, total: int) -> None:
         before = recv.pool_buf[canary].clone()
         moved = pd.transfer(rig.pool, recv.rig.pool, src.pages, dst.pages)
         cmp = pd.compare_indexer_pages(rig.pool, recv.rig.pool, src.pages, dst.pages, canary, before)
-        detail = (f"{moved.buffers} buffers x {moved.pages} pages by the PD descriptors (item sizes {moved.item_lens}): "
-                  f"{cmp.identical_pages}/{cmp.pages} indexer pages identical on the receiver"
-                  + ("" if cmp.first_bad_page is None else f", first wrong page {cmp.first_bad_page}")
-                  + f", canary pages {'untouched' if cmp.canaries_untouched else 'WRITTEN'}")
-        arm.results.append(StepResult(arm.applied.name, arm.spec.name, "pd", "eager", "transfer", f"{total} tokens",
-                                      "pass" if cmp.ok else "fail", [total], detail=detail))
+        detail = (
+            f"{moved.buffers} buffers x {moved.pages} pages by the PD descriptors (item sizes {moved.item_lens}): "
+            f"{cmp.identical_pages}/{cmp.pages} indexer pages identical on the receiver"
+            + ("" if cmp.first_bad_page is None else f", first wrong page {cmp.first_bad_page}")
+            + f", canary pages {'untouched' if cmp.canaries_untouched else 'WRITTEN'}"
+        )
+        arm.results.append(
+            StepResult(
+                arm.applied.name,
+                arm.spec.name,
+                "pd",
+                "eager",
+                "transfer",
+                f"{total} tokens",
+                "pass" if cmp.ok else "fail",
+                [total],
+                detail=detail,
+            )
+        )
         dst.length = total
         for s in range(2):
             recv.step("pd", f"decode on the receiver {s}", [dst], [1], "decode")
@@ -774,8 +946,12 @@ def pd_scenario(arm: Arm, total: int) -> None:
     rig.finish(src)
 
 
-def arm_specs(formats: tuple[str, ...] = ("bf16", "fp8"), compressors: tuple[str, ...] = ("fused", "unfused"),
-              mtp: bool = True, drafts: tuple[int, ...] = (2,)) -> list[ArmSpec]:
+def arm_specs(
+    formats: tuple[str, ...] = ("bf16", "fp8"),
+    compressors: tuple[str, ...] = ("fused", "unfused"),
+    mtp: bool = True,
+    drafts: tuple[int, ...] = (2,),
+) -> list[ArmSpec]:
     """The arms: each format x compressor, and (``mtp``) target verify with each number of draft
     tokens in ``drafts`` (fused compressor; 4 drafts: groups of 4 rows, whose key stages follow
     the GPU's shared memory)."""
@@ -795,8 +971,12 @@ def run_arm(applied: P.Applied, spec: ArmSpec, sizes: Sizes, device: str = "cuda
     if sizes.bounded is not None and (sizes.only is None or "bounded" in sizes.only):
         cfg.max_context_len = max(cfg.max_context_len, sizes.bounded[0], sizes.bounded[1] + sizes.bounded[2])
         cfg.full_tokens = max(cfg.full_tokens, 2 * (sizes.bounded[1] + sizes.bounded[2]) + sizes.bounded[0])
-    if (sizes.bounded_large is not None and spec.fmt == "bf16" and not spec.draft_tokens
-            and (sizes.only is None or "bounded_large" in sizes.only)):
+    if (
+        sizes.bounded_large is not None
+        and spec.fmt == "bf16"
+        and not spec.draft_tokens
+        and (sizes.only is None or "bounded_large" in sizes.only)
+    ):
         cfg.max_context_len = max(cfg.max_context_len, sizes.bounded_large[0] + 4 * 256)
         cfg.full_tokens = max(cfg.full_tokens, sizes.bounded_large[0] + (1 << 16))
     with _env(UNFUSED_ENV, "1" if spec.compressor == "unfused" else None):
@@ -806,8 +986,19 @@ def run_arm(applied: P.Applied, spec: ArmSpec, sizes: Sizes, device: str = "cuda
         except Exception as exc:  # noqa: BLE001 -- recorded as an error row, the tier goes on
             import traceback
 
-            arm.results.append(StepResult(applied.name, spec.name, "error", "eager", "-", "-", "error", [],
-                                          detail="".join(traceback.format_exception(exc))[-3000:]))
+            arm.results.append(
+                StepResult(
+                    applied.name,
+                    spec.name,
+                    "error",
+                    "eager",
+                    "-",
+                    "-",
+                    "error",
+                    [],
+                    detail="".join(traceback.format_exception(exc))[-3000:],
+                )
+            )
         finally:
             arm.close()
     return arm

@@ -450,7 +450,9 @@ def _problems_section(ev: Evaluation, profiles: dict[str, ServerProfile]) -> lis
         out.append(f"- Run stopped early: {ev.aborted}")
     for arm, states in sorted(ev.states.items()):
         if states.get(UNMEASURED):
-            out.append(f"- {states[UNMEASURED]} planned requests on {arm} were not measured (rerun to resume)")
+            out.append(
+                f"- {states[UNMEASURED]} planned requests on {arm} were not measured (rerun to resume)"
+            )
     for reason, n in sorted(skipped.items()):
         out.append(f"- Skipped {n} requests: {reason}")
     for (arm, kind), items in sorted(errors.items()):

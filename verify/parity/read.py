@@ -178,8 +178,15 @@ class Suite:
             torch.full((case.rows, case.max_seq_len), float("nan"), device=self.s.device)
         if config is not None:
             return self.module.bf16_paged_mqa_logits_with_config(
-                case.q, case.pool_view(), case.weights, case.seq_lens, case.page_table, case.max_seq_len,
-                config=config, fill_tail=kw.pop("clean_logits", True), **kw,
+                case.q,
+                case.pool_view(),
+                case.weights,
+                case.seq_lens,
+                case.page_table,
+                case.max_seq_len,
+                config=config,
+                fill_tail=kw.pop("clean_logits", True),
+                **kw,
             )
         return self.kernel(
             case.q,
@@ -244,9 +251,10 @@ class Suite:
                 case.max_seq_len,
             ),
         }
-        owned = torch.arange(case.max_seq_len, device=base.device)[None, :] < tiles_end(
-            case.seq_lens, case.max_seq_len
-        ).to(base.device)[:, None]
+        owned = (
+            torch.arange(case.max_seq_len, device=base.device)[None, :]
+            < tiles_end(case.seq_lens, case.max_seq_len).to(base.device)[:, None]
+        )
         bad = [
             name
             for name, out in variants.items()
@@ -422,8 +430,11 @@ class Suite:
     def grouped_config(self, group_rows: int, profile: str | None = None) -> Any:
         """The launch config the kernel module selects for groups of 64-head rows on ``profile``'s
         GPU (its shared memory, verify.core.platform.SHARED_MEMORY), or on this device."""
-        shared = (P.kernel_shared_memory(self.module, profile) if profile
-                  else self.module._device_shared_memory(self.s.device))
+        shared = (
+            P.kernel_shared_memory(self.module, profile)
+            if profile
+            else self.module._device_shared_memory(self.s.device)
+        )
         return self.module.select_config(1, 0, 64, group_rows, shared)
 
     def other_gpu_group_configs(self) -> list[tuple[int, str]]:
@@ -465,7 +476,9 @@ class Suite:
         used = config or self.grouped_config(group_rows)
         metrics["config"] = {k: getattr(used, k) for k in ("block_n", "num_warps", "num_stages")}
         ok = metrics["ok"] and not differing and metrics["calc_diff_vs_one_row_at_a_time"] <= CALC_DIFF_MAX
-        result = verdict(metrics, f"{case.rows} verify rows in groups of {group_rows}, {self.s.reruns} reruns")
+        result = verdict(
+            metrics, f"{case.rows} verify rows in groups of {group_rows}, {self.s.reruns} reruns"
+        )
         return replace(result, status=Status.PASS if ok else Status.FAIL)
 
     def check_group_rows_batch(self) -> CheckResult:
@@ -494,24 +507,30 @@ class Suite:
         cfg = module.Bf16IndexLogitsConfig
         static = cfg(block_n=64, split_n=128)
         no_len_aware = replace(module.CONFIGS["decode"], length_aware=False)
-        verify, _ = make_group_case(verify_lengths([65, 129], 2), 2, poison_others=False,
-                                    seed=self.s.seed + 98, device=self.s.device)
+        verify, _ = make_group_case(
+            verify_lengths([65, 129], 2), 2, poison_others=False, seed=self.s.seed + 98, device=self.s.device
+        )
         too_many = module.MAX_GROUPED_ROWS + 2
-        big, _ = make_group_case([1] * too_many, 2, poison_others=False, heads=16,
-                                 seed=self.s.seed + 99, device=self.s.device)
+        big, _ = make_group_case(
+            [1] * too_many, 2, poison_others=False, heads=16, seed=self.s.seed + 99, device=self.s.device
+        )
 
         def launch(case: ReadCase, config: Any) -> Callable[[], Any]:
-            args = [_claims_cuda(t) if not self.cuda else t
-                    for t in (case.q, case.pool_view(), case.weights, case.seq_lens, case.page_table)]
+            args = [
+                _claims_cuda(t) if not self.cuda else t
+                for t in (case.q, case.pool_view(), case.weights, case.seq_lens, case.page_table)
+            ]
             return lambda: module.bf16_paged_mqa_logits_with_config(
-                *args, case.max_seq_len, config, fill_tail=False, group_rows=2)
+                *args, case.max_seq_len, config, fill_tail=False, group_rows=2
+            )
 
         launches = {
             "verify rows, explicit static split (split_n=128)": launch(verify, static),
             "verify rows, decode config without the length-aware split": launch(verify, no_len_aware),
             "verify rows, the prefill config": launch(verify, module.CONFIGS["prefill"]),
-            f"{too_many} rows in groups of 2 (> MAX_GROUPED_ROWS={module.MAX_GROUPED_ROWS}), default config":
-                launch(big, None),
+            f"{too_many} rows in groups of 2 (> MAX_GROUPED_ROWS={module.MAX_GROUPED_ROWS}), default config": launch(
+                big, None
+            ),
         }
         outcome: dict[str, str] = {}
         launched: list[Any] = []
@@ -525,7 +544,9 @@ class Suite:
                     outcome[name] = "launched" if len(launched) > before else "returned without a launch"
                 except AssertionError as error:
                     refused = "length-aware only" in str(error) and len(launched) == before
-                    outcome[name] = "refused before launch" if refused else f"other assertion: {str(error)[:120]}"
+                    outcome[name] = (
+                        "refused before launch" if refused else f"other assertion: {str(error)[:120]}"
+                    )
                 except Exception as error:  # noqa: BLE001 - any other failure is this check's result
                     outcome[name] = f"other error: {type(error).__name__}: {str(error)[:120]}"
             before = len(launched)
@@ -536,12 +557,17 @@ class Suite:
                 control = f"error: {type(error).__name__}: {str(error)[:120]}"
         finally:
             module._bf16_paged_mqa_logits_kernel = real
-        details = {"refused": outcome, "control_default_config_grouped": control,
-                   "inputs": "CPU tensors claiming CUDA (launch logic only)" if not self.cuda else "CUDA tensors"}
+        details = {
+            "refused": outcome,
+            "control_default_config_grouped": control,
+            "inputs": "CPU tensors claiming CUDA (launch logic only)" if not self.cuda else "CUDA tensors",
+        }
         ok = all(v == "refused before launch" for v in outcome.values()) and control == "launched"
-        summary = (f"{sum(v == 'refused before launch' for v in outcome.values())}/{len(outcome)} grouped launches "
-                   f"off the length-aware split refused before launch (AssertionError 'length-aware only'); "
-                   f"the default grouped launch: {control}")
+        summary = (
+            f"{sum(v == 'refused before launch' for v in outcome.values())}/{len(outcome)} grouped launches "
+            f"off the length-aware split refused before launch (AssertionError 'length-aware only'); "
+            f"the default grouped launch: {control}"
+        )
         return CheckResult("", Status.PASS if ok else Status.FAIL, summary, details)
 
     def wide_case(self, lengths: list[int], seed: int) -> ReadCase:
@@ -561,11 +587,13 @@ class Suite:
             verify_lengths(finals, 2), 2, seed=self.s.seed + 103, device=self.s.device
         )
         wide = replace(
-            group, page_table=_widen(group.page_table, case.page_table.shape[1], group.poison_page),
+            group,
+            page_table=_widen(group.page_table, case.page_table.shape[1], group.poison_page),
             max_seq_len=case.max_seq_len,
         )
         wide_shared = replace(
-            shared, page_table=_widen(shared.page_table, case.page_table.shape[1], shared.poison_page),
+            shared,
+            page_table=_widen(shared.page_table, case.page_table.shape[1], shared.poison_page),
             max_seq_len=case.max_seq_len,
         )
         details: dict[str, Any] = {}
@@ -616,7 +644,9 @@ class Suite:
                 step = static.with_lengths(lens)
                 eager = self.run(step, poison=False, clean_logits=False, group_rows=group_rows)
                 owned = _owned(step, captured.device)
-                details[f"g{group_rows}_{label}_equals_eager"] = bool(torch.equal(captured[owned], eager[owned]))
+                details[f"g{group_rows}_{label}_equals_eager"] = bool(
+                    torch.equal(captured[owned], eager[owned])
+                )
                 ref = self.oracle(step)
                 details[f"g{group_rows}_{label}_vs_oracle"] = compare(
                     torch.where(owned, captured, ref.to(captured.device)), ref
@@ -630,19 +660,41 @@ class Suite:
     def prefill_case(self, ke: list[int], ks: list[int] | None = None, **kw: Any) -> PrefillCase:
         return make_prefill_case(ke, ks, device=self.s.device, **kw)
 
-    def mqa(self, case: PrefillCase, *, clean_logits: bool = False, config: Any = None,
-            kv: torch.Tensor | None = None, page_table: Any = "case") -> torch.Tensor:
+    def mqa(
+        self,
+        case: PrefillCase,
+        *,
+        clean_logits: bool = False,
+        config: Any = None,
+        kv: torch.Tensor | None = None,
+        page_table: Any = "case",
+    ) -> torch.Tensor:
         """``bf16_mqa_logits`` as the dispatch calls it (the pool view, the request's table); with
         ``config`` through ``bf16_mqa_logits_with_config``."""
         table = case.page_table if isinstance(page_table, str) else page_table
         kv = case.pool_view() if kv is None else kv
         if config is not None:
             return self.prefill_module.bf16_mqa_logits_with_config(
-                case.q, kv, case.weights, case.ks, case.ke, case.max_seqlen_k, page_table=table,
-                clean_logits=clean_logits, config=config)
+                case.q,
+                kv,
+                case.weights,
+                case.ks,
+                case.ke,
+                case.max_seqlen_k,
+                page_table=table,
+                clean_logits=clean_logits,
+                config=config,
+            )
         return self.prefill_module.bf16_mqa_logits(
-            case.q, kv, case.weights, case.ks, case.ke, case.max_seqlen_k, page_table=table,
-            clean_logits=clean_logits)
+            case.q,
+            kv,
+            case.weights,
+            case.ks,
+            case.ke,
+            case.max_seqlen_k,
+            page_table=table,
+            clean_logits=clean_logits,
+        )
 
     def mqa_block_k(self, config: Any = None, heads: int = 64) -> int:
         """The key tile of ``config``, or of the config the module selects on this device."""
@@ -658,7 +710,9 @@ class Suite:
             lean = self.mqa(case, config=config)
             clean = self.mqa(case, clean_logits=True, config=config)
         ref = mqa_oracle_logits(case)
-        owned = mqa_owned(case.ks, case.ke, case.max_seqlen_k, self.mqa_block_k(config, case.heads)).to(lean.device)
+        owned = mqa_owned(case.ks, case.ke, case.max_seqlen_k, self.mqa_block_k(config, case.heads)).to(
+            lean.device
+        )
         metrics = compare(torch.where(owned, lean, ref.to(lean.device)), ref)
         metrics["clean_logits_true"] = compare(clean, ref)
         metrics["unwritten_stay_nan"] = bool(torch.isnan(lean[~owned]).all())
@@ -666,17 +720,25 @@ class Suite:
         metrics["rows"] = case.rows
         metrics["ok"] = metrics["ok"] and metrics["clean_logits_true"]["ok"] and metrics["unwritten_stay_nan"]
         result = verdict(metrics, what)
-        return replace(result, summary=result.summary + (
-            f"; clean_logits=True {'= oracle' if metrics['clean_logits_true']['ok'] else 'DIFFERS'}; "
-            f"{metrics['positions_left_unwritten']} positions outside the rows' tiles "
-            f"{'left unwritten' if metrics['unwritten_stay_nan'] else 'WRITTEN'}"))
+        return replace(
+            result,
+            summary=result.summary
+            + (
+                f"; clean_logits=True {'= oracle' if metrics['clean_logits_true']['ok'] else 'DIFFERS'}; "
+                f"{metrics['positions_left_unwritten']} positions outside the rows' tiles "
+                f"{'left unwritten' if metrics['unwritten_stay_nan'] else 'WRITTEN'}"
+            ),
+        )
 
     def check_mqa_oracle(self, q_dtype: torch.dtype, heads: int) -> CheckResult:
         rows, final = self.s.mqa_prefill[0]
-        case = self.prefill_case(causal_lengths(rows, final), heads=heads, q_dtype=q_dtype,
-                                 seed=self.s.seed + 201 + heads)
-        return self.mqa_both(case, what=f"{rows} causal rows over {final} keys (the last page's tail and the "
-                                         "pages past it NaN)")
+        case = self.prefill_case(
+            causal_lengths(rows, final), heads=heads, q_dtype=q_dtype, seed=self.s.seed + 201 + heads
+        )
+        return self.mqa_both(
+            case,
+            what=f"{rows} causal rows over {final} keys (the last page's tail and the pages past it NaN)",
+        )
 
     def check_mqa_prefill(self, rows: int, final: int) -> CheckResult:
         case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 211)
@@ -692,8 +754,14 @@ class Suite:
         rows = case.rows  # causal_lengths gives at most 4 rows a key
         block_k = self.mqa_block_k()
         ke = case.ke.tolist()
-        crossing = next((r for r in range(1, rows) if ke[r - 1] % block_k == 0 and ke[r] % block_k == 1
-                         and ke[r - 1] > 0), rows // 2)
+        crossing = next(
+            (
+                r
+                for r in range(1, rows)
+                if ke[r - 1] % block_k == 0 and ke[r] % block_k == 1 and ke[r - 1] > 0
+            ),
+            rows // 2,
+        )
         step = max(1, rows // 3 - 37)  # off the 128-row blocks
         edges = sorted({0, rows, crossing, *range(step, rows, step)})
         whole = self.mqa(case)
@@ -705,14 +773,22 @@ class Suite:
             own = owned[lo:hi]
             bitwise.append(bool(torch.equal(part[own], whole[lo:hi][own])))
             metrics.append(compare(torch.where(own, part, ref[lo:hi].to(part.device)), ref[lo:hi]))
-        details = {"chunks": [[lo, hi] for lo, hi in itertools.pairwise(edges)], "tile_crossing_row": crossing,
-                   "chunks_bitwise_equal_to_whole": all(bitwise), "chunks_vs_oracle_ok": all(m["ok"] for m in metrics),
-                   "calc_diff_max": max(m["calc_diff"] for m in metrics)}
+        details = {
+            "chunks": [[lo, hi] for lo, hi in itertools.pairwise(edges)],
+            "tile_crossing_row": crossing,
+            "chunks_bitwise_equal_to_whole": all(bitwise),
+            "chunks_vs_oracle_ok": all(m["ok"] for m in metrics),
+            "calc_diff_max": max(m["calc_diff"] for m in metrics),
+        }
         ok = details["chunks_bitwise_equal_to_whole"] and details["chunks_vs_oracle_ok"]
-        return CheckResult("", Status.PASS if ok else Status.FAIL,
-                           f"{len(bitwise)} row chunks of {rows} causal rows x {final} keys (one starting at row "
-                           f"{crossing}, where the last key crosses a {block_k}-key tile): "
-                           + _fmt(details, skip=("chunks",)), details)
+        return CheckResult(
+            "",
+            Status.PASS if ok else Status.FAIL,
+            f"{len(bitwise)} row chunks of {rows} causal rows x {final} keys (one starting at row "
+            f"{crossing}, where the last key crosses a {block_k}-key tile): "
+            + _fmt(details, skip=("chunks",)),
+            details,
+        )
 
     def check_mqa_ks_window(self) -> CheckResult:
         """Rows whose first visible key is past 0 (``ks > 0``, around key-tile edges too): column j
@@ -736,7 +812,9 @@ class Suite:
         ke = causal_lengths(rows, final)
         ks = [0] * rows
         for r in range(0, rows, 7):
-            ks[r], ke[r] = (0, 0) if r % 3 == 0 else (ke[r], ke[r]) if r % 3 == 1 else (ke[r], max(0, ke[r] - 5))
+            ks[r], ke[r] = (
+                (0, 0) if r % 3 == 0 else (ke[r], ke[r]) if r % 3 == 1 else (ke[r], max(0, ke[r] - 5))
+            )
         topk = 512
         for r in range(rows):
             if 0 < ke[r] - ks[r] <= topk and r % 2:
@@ -749,7 +827,9 @@ class Suite:
         result.details["empty_rows"] = int(empty.sum())
         result.details["empty_rows_unwritten"] = bool(torch.isnan(lean[empty.to(lean.device)]).all())
         if not result.details["empty_rows_unwritten"]:
-            result = replace(result, status=Status.FAIL, summary=result.summary + "; an EMPTY ROW was written")
+            result = replace(
+                result, status=Status.FAIL, summary=result.summary + "; an EMPTY ROW was written"
+            )
         return result
 
     def check_mqa_input_forms(self) -> CheckResult:
@@ -765,8 +845,12 @@ class Suite:
             "contiguous [keys, 128] copy, no table": self.mqa(case, kv=case.keys(), page_table=None),
         }
         bad = [name for name, out in forms.items() if not torch.equal(out[owned], base[owned])]
-        return CheckResult("", Status.PASS if not bad else Status.FAIL,
-                           "all forms bitwise equal" if not bad else f"differ: {bad}", {"forms": list(forms)})
+        return CheckResult(
+            "",
+            Status.PASS if not bad else Status.FAIL,
+            "all forms bitwise equal" if not bad else f"differ: {bad}",
+            {"forms": list(forms)},
+        )
 
     def check_mqa_configs(self) -> CheckResult:
         """Every launch config the module selects for some GPU (``CONFIGS``: sm_90/sm_100's and
@@ -776,12 +860,14 @@ class Suite:
         module = self.prefill_module
         configs = dict(module.CONFIGS)
         cls = module.Bf16MqaLogitsConfig
-        configs.update({
-            "block_r=128": cls(block_r=128),
-            "block_r=16, 4 warps": cls(block_r=16, num_warps=4),
-            "no register cap": cls(maxnreg=None),
-            "block_k=64, 4 warps": cls(block_k=64, num_warps=4, block_r=64),
-        })
+        configs.update(
+            {
+                "block_r=128": cls(block_r=128),
+                "block_r=16, 4 warps": cls(block_r=16, num_warps=4),
+                "no register cap": cls(maxnreg=None),
+                "block_k=64, 4 warps": cls(block_k=64, num_warps=4, block_r=64),
+            }
+        )
         details: dict[str, Any] = {}
         for name, config in configs.items():
             try:
@@ -791,18 +877,29 @@ class Suite:
         production = list(module.CONFIGS)
         ok = all(details[n]["ok"] for n in production)
         others = [n for n in details if n not in production]
-        summary = (f"production configs {production}: {'all = oracle' if ok else 'FAIL'}; other configs: "
-                   + ", ".join(f"{n} {'ok' if details[n]['ok'] else details[n].get('error', 'FAIL')}" for n in others))
+        summary = (
+            f"production configs {production}: {'all = oracle' if ok else 'FAIL'}; other configs: "
+            + ", ".join(
+                f"{n} {'ok' if details[n]['ok'] else details[n].get('error', 'FAIL')}" for n in others
+            )
+        )
         return CheckResult("", Status.PASS if ok else Status.FAIL, summary[:300], details)
 
     def check_mqa_reruns(self) -> CheckResult:
         rows, final = self.s.mqa_prefill[0]
         case = self.prefill_case(causal_lengths(rows, final), seed=self.s.seed + 271)
         first = self.mqa(case, clean_logits=True)
-        differing = [i for i in range(1, self.s.reruns) if not torch.equal(self.mqa(case, clean_logits=True), first)]
-        return CheckResult("", Status.PASS if not differing else Status.FAIL,
-                           f"{self.s.reruns} runs bitwise identical" if not differing
-                           else f"runs {differing} differ from run 0", {"reruns": self.s.reruns, "differing": differing})
+        differing = [
+            i for i in range(1, self.s.reruns) if not torch.equal(self.mqa(case, clean_logits=True), first)
+        ]
+        return CheckResult(
+            "",
+            Status.PASS if not differing else Status.FAIL,
+            f"{self.s.reruns} runs bitwise identical"
+            if not differing
+            else f"runs {differing} differ from run 0",
+            {"reruns": self.s.reruns, "differing": differing},
+        )
 
     def check_mqa_vs_paged(self) -> CheckResult:
         """The same rows through the paged kernel (``bf16_paged_mqa_logits``, one row at a time, the
@@ -827,15 +924,23 @@ class Suite:
         with torch.cuda.graph(graph):
             captured = self.mqa(static, clean_logits=True)
         details: dict[str, Any] = {}
-        for name, ke in (("causal", case.ke), ("reversed", case.ke.flip(0)), ("all_1", torch.ones_like(case.ke))):
+        for name, ke in (
+            ("causal", case.ke),
+            ("reversed", case.ke.flip(0)),
+            ("all_1", torch.ones_like(case.ke)),
+        ):
             static.ke.copy_(ke)
             graph.replay()
             torch.cuda.synchronize()
-            details[f"{name}_equals_eager"] = bool(torch.equal(captured, self.mqa(case.with_ranges(case.ks, ke),
-                                                                                   clean_logits=True)))
+            details[f"{name}_equals_eager"] = bool(
+                torch.equal(captured, self.mqa(case.with_ranges(case.ks, ke), clean_logits=True))
+            )
         details["causal_vs_oracle"] = compare(self.mqa(case, clean_logits=True), mqa_oracle_logits(case))
         del graph
-        ok = all(v for k, v in details.items() if k.endswith("_equals_eager")) and details["causal_vs_oracle"]["ok"]
+        ok = (
+            all(v for k, v in details.items() if k.endswith("_equals_eager"))
+            and details["causal_vs_oracle"]["ok"]
+        )
         return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
 
     def check_mqa_extra_memory(self) -> CheckResult:
@@ -851,7 +956,11 @@ class Suite:
         torch.cuda.synchronize()
         peak_extra = torch.cuda.max_memory_allocated() - before
         out_bytes = out.numel() * out.element_size()
-        details = {"peak_extra_bytes": peak_extra, "logits_bytes": out_bytes, "beyond_logits_bytes": peak_extra - out_bytes}
+        details = {
+            "peak_extra_bytes": peak_extra,
+            "logits_bytes": out_bytes,
+            "beyond_logits_bytes": peak_extra - out_bytes,
+        }
         ok = details["beyond_logits_bytes"] <= 2 * 1024 * 1024
         return CheckResult("", Status.PASS if ok else Status.FAIL, _fmt(details), details)
 
@@ -867,8 +976,12 @@ class Suite:
         for group_rows in self.s.groups:
             out.append((f"group_rows[G={group_rows}]", _bind(self.check_group_rows, group_rows)))
         for group_rows, profile in self.other_gpu_group_configs():
-            out.append((f"group_rows[G={group_rows},{profile} config]",
-                        _bind(self.check_group_rows, group_rows, None, profile)))
+            out.append(
+                (
+                    f"group_rows[G={group_rows},{profile} config]",
+                    _bind(self.check_group_rows, group_rows, None, profile),
+                )
+            )
         out += [
             ("group_rows_batch", self.check_group_rows_batch),
             ("group_rows_static_refused", self.check_group_rows_static_refused),
@@ -918,8 +1031,10 @@ CPU_CHECKS = ("group_rows_static_refused", "fp8_twin_oracle", "fp8_twin_vs_upstr
 
 
 def _cpu_skip() -> CheckResult:
-    raise CheckSkipped("runs the bf16 kernels, which need a GPU: the Triton interpreter misreads bf16, and the "
-                       "kernels carry no interpreter branch (../shared/GPU.md)")
+    raise CheckSkipped(
+        "runs the bf16 kernels, which need a GPU: the Triton interpreter misreads bf16, and the "
+        "kernels carry no interpreter branch (../shared/GPU.md)"
+    )
 
 
 class _ClaimsCuda(torch.Tensor):
@@ -1054,8 +1169,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, nargs="+", default=[64, 32])
     parser.add_argument("--reruns", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--small", action="store_true",
-                        help="CPU smoke sizes (with TRITON_INTERPRET=1: the launch logic and the fp8 twin run)")
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="CPU smoke sizes (with TRITON_INTERPRET=1: the launch logic and the fp8 twin run)",
+    )
     parser.add_argument("--only", nargs="+", default=None, help="run checks whose names start with these")
     return parser.parse_args(argv)
 
@@ -1079,7 +1197,9 @@ def main(argv: list[str] | None = None) -> int:
         prefill=[(64, 16), (16, 200)] if small else [(4096, 1024), (1024, 4095), (64, 65536)],
         small=small,
         groups=[2, 4],
-        mqa_prefill=[(512, 300), (64, 700)] if small else [(2048, 1023), (8192, 2048), (1024, 4095), (64, 65536)],
+        mqa_prefill=[(512, 300), (64, 700)]
+        if small
+        else [(2048, 1023), (8192, 2048), (1024, 4095), (64, 65536)],
         mqa_chunked=(1024, 255) if small else (16384, 4095),
     )
     suite = Suite(settings)

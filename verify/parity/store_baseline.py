@@ -134,7 +134,10 @@ def _worker_main(inputs: Path, output: Path) -> None:
         raise SystemExit(f"store baseline worker: {got.reason}")
     compress_norm_rope_store = got.obj
     compress = importlib.import_module(compress_norm_rope_store.__module__)
-    CompressorDecodePlan, CompressorPrefillPlan = compress.CompressorDecodePlan, compress.CompressorPrefillPlan
+    CompressorDecodePlan, CompressorPrefillPlan = (
+        compress.CompressorDecodePlan,
+        compress.CompressorPrefillPlan,
+    )
 
     # cuda on the GPU machine; cpu only for the tests of this plumbing (with a stand-in tree).
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -87,7 +87,9 @@ class Backend:
         selection masks them, as production's top-k does)."""
         return self._score(fmt, pool, q_fp8, w, q_index, seq_lens, page_table)
 
-    def select(self, logits: torch.Tensor, seq_lens: torch.Tensor, page_table: torch.Tensor, topk: int) -> torch.Tensor:
+    def select(
+        self, logits: torch.Tensor, seq_lens: torch.Tensor, page_table: torch.Tensor, topk: int
+    ) -> torch.Tensor:
         """Raw positions ``[B, topk]`` int64 chosen by the production top-k, ``-1`` padded."""
         return self._select(logits, seq_lens, page_table, topk)
 
@@ -140,12 +142,21 @@ class EmulationBackend(Backend):
         self.paths.setdefault("score_fp8", f"emulation ({self.fp8_scorer})")
         self.paths.setdefault("score_bf16", "emulation of bf16_paged_mqa_logits (fp32)")
         self.paths.setdefault("select", "torch.topk with topk_transform_paged semantics")
-        self.paths.setdefault("store_fp4", "emulation of DeepSeekV4IndexerPool.set_index_fp4 (store_fp4_index_k_cache, rne=False)")
+        self.paths.setdefault(
+            "store_fp4",
+            "emulation of DeepSeekV4IndexerPool.set_index_fp4 (store_fp4_index_k_cache, rne=False)",
+        )
         self.paths.setdefault("q_fp4", "emulation of fused_q_indexer_rope_hadamard_fp4_quant (torch)")
-        self.paths.setdefault("score_fp4", "emulation of deep_gemm.fp8_fp4_paged_mqa_logits (fp32; the kernel is SM100-only, "
-                                           "none exists for Hopper)")
-        self.paths.setdefault("reference", "DeepSeek inference/model.py indexer numerics: fp4 q x fp4 k in bf16, "
-                                           "scores in fp64 (verify.core.deepseek_reference)")
+        self.paths.setdefault(
+            "score_fp4",
+            "emulation of deep_gemm.fp8_fp4_paged_mqa_logits (fp32; the kernel is SM100-only, "
+            "none exists for Hopper)",
+        )
+        self.paths.setdefault(
+            "reference",
+            "DeepSeek inference/model.py indexer numerics: fp4 q x fp4 k in bf16, "
+            "scores in fp64 (verify.core.deepseek_reference)",
+        )
         self._decoded: dict[int, tuple[int, SlotKeys]] = {}
 
     def _store(self, fmt: str, pool: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:

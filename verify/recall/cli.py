@@ -57,35 +57,94 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m verify.recall",
         description="Tier 2 indexer recall (bf16 vs fp8 vs fp4 index keys, against exact math and DeepSeek's "
-                    "reference numerics) and the fp8 diagnosis.",
+        "reference numerics) and the fp8 diagnosis.",
         epilog="Exit status 0: bf16 gate passes; 1: it fails; 2: error.",
     )
     ap.add_argument("--out", type=Path, required=True, help="output directory (created)")
-    ap.add_argument("--backend", choices=("cpu", "gpu"), default=None, help="default: gpu when CUDA is available")
-    ap.add_argument("--lengths", type=int, nargs="+", default=None, help="prompt lengths in tokens (keys = tokens // 4)")
-    ap.add_argument("--topk", type=int, nargs="+", default=None, help="index_topk values (default 512 1024; replay: the capture's)")
-    ap.add_argument("--depths", type=float, nargs="+", default=list(DEPTHS_PCT), help="needle depths in percent")
-    ap.add_argument("--margins", type=float, nargs="+", default=[0.002, 0.01, 0.05, 0.2], help="needle margins (fractions)")
+    ap.add_argument(
+        "--backend", choices=("cpu", "gpu"), default=None, help="default: gpu when CUDA is available"
+    )
+    ap.add_argument(
+        "--lengths", type=int, nargs="+", default=None, help="prompt lengths in tokens (keys = tokens // 4)"
+    )
+    ap.add_argument(
+        "--topk",
+        type=int,
+        nargs="+",
+        default=None,
+        help="index_topk values (default 512 1024; replay: the capture's)",
+    )
+    ap.add_argument(
+        "--depths", type=float, nargs="+", default=list(DEPTHS_PCT), help="needle depths in percent"
+    )
+    ap.add_argument(
+        "--margins",
+        type=float,
+        nargs="+",
+        default=[0.002, 0.01, 0.05, 0.2],
+        help="needle margins (fractions)",
+    )
     ap.add_argument("--modes", nargs="+", choices=("top", "boundary"), default=["top", "boundary"])
-    ap.add_argument("--residues", choices=("all", "staggered"), default=None, help="needle positions mod 4 per depth (default: gpu all, cpu staggered)")
-    ap.add_argument("--sequences", type=int, default=None, help="haystacks per length (default: gpu 2, cpu 1)")
+    ap.add_argument(
+        "--residues",
+        choices=("all", "staggered"),
+        default=None,
+        help="needle positions mod 4 per depth (default: gpu all, cpu staggered)",
+    )
+    ap.add_argument(
+        "--sequences", type=int, default=None, help="haystacks per length (default: gpu 2, cpu 1)"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--replay", type=Path, default=None, help="score a capture file instead of synthetic data (REPLAY.md)")
-    ap.add_argument("--fp8-scorer", default="auto", help="gpu: auto (the platform's)|torch|torch-sm120|triton-twin|deepgemm|tilelang|emulation; cpu: auto (fp32-accumulating fp8 math)|torch (upstream torch-fallback math)")
-    ap.add_argument("--platform", default="auto", help="profile whose fp8 scorer and top-k the fp8 arm runs: auto (the local GPU's), sm90, sm100, sm120, hip (verify.core.platform)")
-    ap.add_argument("--arms", nargs="+", default=None, help=f"arms to run (default: {' '.join(BASE_ARMS)}; fp8_emul added on gpu)")
-    ap.add_argument("--inject-fault", action="append", default=[], choices=sorted(FAULTS), help="harness self-test: corrupt a store path")
+    ap.add_argument(
+        "--replay", type=Path, default=None, help="score a capture file instead of synthetic data (REPLAY.md)"
+    )
+    ap.add_argument(
+        "--fp8-scorer",
+        default="auto",
+        help="gpu: auto (the platform's)|torch|torch-sm120|triton-twin|deepgemm|tilelang|emulation; cpu: auto (fp32-accumulating fp8 math)|torch (upstream torch-fallback math)",
+    )
+    ap.add_argument(
+        "--platform",
+        default="auto",
+        help="profile whose fp8 scorer and top-k the fp8 arm runs: auto (the local GPU's), sm90, sm100, sm120, hip (verify.core.platform)",
+    )
+    ap.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        help=f"arms to run (default: {' '.join(BASE_ARMS)}; fp8_emul added on gpu)",
+    )
+    ap.add_argument(
+        "--inject-fault",
+        action="append",
+        default=[],
+        choices=sorted(FAULTS),
+        help="harness self-test: corrupt a store path",
+    )
     ap.add_argument("--no-diagnose", action="store_true")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--budget-gb", type=float, default=None, help="per-batch working-set budget (default: gpu 4, cpu 0.5)")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: cpu 1, gpu torch's default)")
+    ap.add_argument(
+        "--budget-gb", type=float, default=None, help="per-batch working-set budget (default: gpu 4, cpu 0.5)"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: cpu 1, gpu torch's default)",
+    )
     ap.add_argument("--quiet", action="store_true")
     return ap.parse_args(argv)
 
 
 def _git_head(repo: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=False, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -155,15 +214,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cap = read_capture(args.replay)
         topks = tuple(args.topk or (cap.index_topk,))
-        problem, preset, ref_desc = load_problem(cap, topks, lengths, depths, backend.device, args.replay.name)
+        problem, preset, ref_desc = load_problem(
+            cap, topks, lengths, depths, backend.device, args.replay.name
+        )
         arms.append("captured")
         source = f"replay:{args.replay}"
         backend.paths["replay_reference_keys"] = ref_desc
         backend.paths["replay_captured_format"] = cap.index_k_format
-        log(f"[recall] replay {args.replay}: {cap.rows} rows, {cap.num_pages} pages ({cap.index_k_format}), topk {topks}")
+        log(
+            f"[recall] replay {args.replay}: {cap.rows} rows, {cap.num_pages} pages ({cap.index_k_format}), topk {topks}"
+        )
         out = run_problem(problem, backend, arms, control, budget, preset=preset)
         records.extend(out["records"])
-        per_problem.append({"source": source, "rows": problem.num_rows, "timing": out["timing"], "canary": out["canary"], "metadata": cap.metadata})
+        per_problem.append(
+            {
+                "source": source,
+                "rows": problem.num_rows,
+                "timing": out["timing"],
+                "canary": out["canary"],
+                "metadata": cap.metadata,
+            }
+        )
     else:
         for length in lengths:
             t0 = time.perf_counter()
@@ -185,7 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "canary": out["canary"],
                 }
             )
-            log(f"[recall] {length:>7} tokens: {problem.num_rows} rows x {len(arms)} arms in {time.perf_counter() - t0:.1f} s")
+            log(
+                f"[recall] {length:>7} tokens: {problem.num_rows} rows x {len(arms)} arms in {time.perf_counter() - t0:.1f} s"
+            )
             del problem
             if gpu:
                 torch.cuda.empty_cache()
@@ -207,9 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         drawn = heatmaps(args.out, cells, arms)
         files += drawn
         if not drawn:
-            log("[recall] matplotlib missing: no heatmaps; draw them anywhere with python -m verify.recall.report DIR")
+            log(
+                "[recall] matplotlib missing: no heatmaps; draw them anywhere with python -m verify.recall.report DIR"
+            )
     write_csv(args.out / "results.csv", records, CSV_FIELDS)
-    write_csv(args.out / "cells.csv", flat_cells(cells), list(flat_cells(cells[:1])[0].keys()) if cells else ["arm"])
+    write_csv(
+        args.out / "cells.csv", flat_cells(cells), list(flat_cells(cells[:1])[0].keys()) if cells else ["arm"]
+    )
     elapsed = time.perf_counter() - t_start
     meta = {
         "backend": backend.name,
@@ -238,7 +315,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "budget_bytes": budget,
             },
             "seed": args.seed,
-            "backend": {"name": backend.name, "device": str(backend.device), "paths": backend.paths, "stats": getattr(backend, "stats", {})},
+            "backend": {
+                "name": backend.name,
+                "device": str(backend.device),
+                "paths": backend.paths,
+                "stats": getattr(backend, "stats", {}),
+            },
             "versions": versions(backend),
             "elapsed_s": elapsed,
             "per_problem": per_problem,
@@ -263,9 +345,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if diag.oracle_recall is not None:
             details.extend(diagnose.oracle_lines(diag.oracle_recall))
     (args.out / "summary.md").write_text(
-        summary_markdown(meta, per_length, per_depth, arms, gate, diag.verdict if diag else None, files, details, gate_exact)
+        summary_markdown(
+            meta,
+            per_length,
+            per_depth,
+            arms,
+            gate,
+            diag.verdict if diag else None,
+            files,
+            details,
+            gate_exact,
+        )
     )
-    log(f"[recall] gate (bf16): {'PASS' if gate.passed else 'FAIL'}" + "".join(f"; {c.name}: {'ok' if c.passed else 'FAIL'}" for c in gate.conditions))
+    log(
+        f"[recall] gate (bf16): {'PASS' if gate.passed else 'FAIL'}"
+        + "".join(f"; {c.name}: {'ok' if c.passed else 'FAIL'}" for c in gate.conditions)
+    )
     if diag:
         log(f"[recall] diagnosis: {diag.verdict}")
     log(f"[recall] wrote {args.out} in {elapsed:.1f} s")

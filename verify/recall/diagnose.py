@@ -108,7 +108,14 @@ def _queries(rows: int, device: torch.device, seed: int = 7):
     q_pre = torch.stack(qs)
     cos, sin = rope_cos_sin(torch.arange(rows) + 100, cfg.rope_theta)
     q_rot = rope_hadamard(q_pre, cos.unsqueeze(1), sin.unsqueeze(1))
-    return QueryInputs(q_pre.to(device), cos.to(device), sin.to(device), q_rot.to(device), torch.stack(ws).to(device), WEIGHT_SCALE)
+    return QueryInputs(
+        q_pre.to(device),
+        cos.to(device),
+        sin.to(device),
+        q_rot.to(device),
+        torch.stack(ws).to(device),
+        WEIGHT_SCALE,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +124,12 @@ def _queries(rows: int, device: torch.device, seed: int = 7):
 
 
 def _fp8_store_verdict(
-    pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, canary: torch.Tensor, scale_rtol: float, abs_slack: float
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+    x: torch.Tensor,
+    canary: torch.Tensor,
+    scale_rtol: float,
+    abs_slack: float,
 ) -> dict[str, Any]:
     """Compare a stored fp8 pool against the quantization of ``x`` (the store's fp32 input)."""
     exp_codes, exp_scale = F.fp8_quantize_rows(x)
@@ -157,8 +169,10 @@ def _store_status(nums: Mapping[str, Any]) -> tuple:
     if not nums["canary_pages_untouched"]:
         why.append("wrote into canary pages")
     if float(nums["interleaved_values_within_rounding"]) > 0.99:
-        why.append("the pool decodes correctly as TOKEN-INTERLEAVED (128 B + 4 B per slot) while readers expect "
-                   "block-planar (64x128 B then 64x4 B): layout mismatch, vllm #50576 class")
+        why.append(
+            "the pool decodes correctly as TOKEN-INTERLEAVED (128 B + 4 B per slot) while readers expect "
+            "block-planar (64x128 B then 64x4 B): layout mismatch, vllm #50576 class"
+        )
     return "fail", "; ".join(why)
 
 
@@ -200,7 +214,9 @@ def check_bf16_store(backend: Backend, num_keys: int, label: str) -> Check:
     canary_ok = bool((pool[canary] == 0).all())
     status = "pass" if exact == 1.0 and canary_ok else "fail"
     detail = f"{exact:.2%} of keys read back as one RNE rounding of the input; canaries {'intact' if canary_ok else 'OVERWRITTEN'}"
-    return Check("bf16 index-K store", label, status, detail, False, {"keys_exact": exact, "canary": canary_ok})
+    return Check(
+        "bf16 index-K store", label, status, detail, False, {"keys_exact": exact, "canary": canary_ok}
+    )
 
 
 def check_fused_norm_rope_store(device: torch.device, num_keys: int = 4096) -> Check:
@@ -213,7 +229,10 @@ def check_fused_norm_rope_store(device: torch.device, num_keys: int = 4096) -> C
     store, plan_cls = got.obj
     num_pages, canary, slots = _layout(num_keys, device, 13)
     g = torch.Generator().manual_seed(13)
-    kv = (torch.randn(num_keys, F.HEAD_DIM, generator=g) * torch.exp(0.5 * torch.randn(num_keys, 1, generator=g))).to(device)
+    kv = (
+        torch.randn(num_keys, F.HEAD_DIM, generator=g)
+        * torch.exp(0.5 * torch.randn(num_keys, 1, generator=g))
+    ).to(device)
     weight = (1.0 + 0.2 * torch.randn(F.HEAD_DIM, generator=g)).to(device)
     eps = 1e-6
     positions = torch.arange(num_keys, device=device) * 4  # seq_len = 4(i+1): one entry per token
@@ -244,7 +263,14 @@ def check_fused_norm_rope_store(device: torch.device, num_keys: int = 4096) -> C
     # fp8 rounding, and scales to 1e-5 relative.
     nums = _fp8_store_verdict(pool, slots, y, canary, scale_rtol=1e-5, abs_slack=1e-5)
     status, detail = _store_status(nums)
-    return Check("fp8 fused norm+rope+hadamard store", "compress_norm_rope_store (fused_norm_rope_v2.cuh indexer)", status, detail, True, nums)
+    return Check(
+        "fp8 fused norm+rope+hadamard store",
+        "compress_norm_rope_store (fused_norm_rope_v2.cuh indexer)",
+        status,
+        detail,
+        True,
+        nums,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,12 +287,18 @@ def check_q(backend: Backend, label: str) -> Check:
     deq = q8.float() * (w / (qi.w_raw.float() * qi.weight_scale)).unsqueeze(-1)
     x = qi.q_rot
     bound = F.fp8_half_ulp(x / scale.unsqueeze(-1)) * scale.unsqueeze(-1)
-    within = float((((deq - x).abs() <= bound * 1.001 + 1e-5 * x.abs().amax(-1, keepdim=True))).float().mean())
+    within = float(((deq - x).abs() <= bound * 1.001 + 1e-5 * x.abs().amax(-1, keepdim=True)).float().mean())
     w_rel = float(((w - ew).abs() / ew.abs().clamp(min=1e-30)).max())
     ok = within == 1.0 and w_rel <= 1e-4
     detail = f"q codes bit-exact {codes_exact:.3%} vs emulation, dequantized q within fp8 rounding {within:.3%}, folded weights max rel err {w_rel:.1e}"
-    return Check("fp8 q quantization", label, "pass" if ok else "fail", detail, True,
-                 {"codes_bit_exact": codes_exact, "within_rounding": within, "weights_max_rel_err": w_rel})
+    return Check(
+        "fp8 q quantization",
+        label,
+        "pass" if ok else "fail",
+        detail,
+        True,
+        {"codes_bit_exact": codes_exact, "within_rounding": within, "weights_max_rel_err": w_rel},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,10 +333,15 @@ def score_case(device: torch.device, long_len: int) -> ScoreCase:
     F.fp8_store(pool["fp8"], slots, keys)
     F.bf16_store(pool["bf16"], slots, keys)
     codes, scale = F.fp8_read(pool["fp8"], slots)
-    keys_deq = {"fp8": F.fp8_dequantize(codes, scale).double(), "bf16": F.bf16_read(pool["bf16"], slots).double()}
+    keys_deq = {
+        "fp8": F.fp8_dequantize(codes, scale).double(),
+        "bf16": F.bf16_read(pool["bf16"], slots).double(),
+    }
     qi = _queries(rows, device, seed=21)
     q8, w = F.quantize_q(qi.q_rot, qi.w_raw, qi.weight_scale)
-    return ScoreCase(pool, q8, w, torch.tensor(lens, dtype=torch.int32, device=device), page_table.to(device), keys_deq)
+    return ScoreCase(
+        pool, q8, w, torch.tensor(lens, dtype=torch.int32, device=device), page_table.to(device), keys_deq
+    )
 
 
 def oracle64(case: ScoreCase, fmt: str) -> torch.Tensor:
@@ -325,7 +362,10 @@ def check_scorer(fmt: str, label: str, fn: ScoreFn, case: ScoreCase, fp8_path: b
     the check's component (default ``"<fmt> scorer"``, the platform's own)."""
     ref = oracle64(case, fmt)
     # the oracle's columns of each of three runs
-    runs = [fn(case.pool[fmt], case.q8, case.w, case.seq_lens, case.page_table)[:, : ref.shape[1]] for _ in range(3)]
+    runs = [
+        fn(case.pool[fmt], case.q8, case.w, case.seq_lens, case.page_table)[:, : ref.shape[1]]
+        for _ in range(3)
+    ]
     out = runs[0]
     valid = torch.isfinite(ref)
     got = out[valid]
@@ -348,8 +388,21 @@ def check_scorer(fmt: str, label: str, fn: ScoreFn, case: ScoreCase, fp8_path: b
         f"{'finite' if finite else 'NON-FINITE'}; reruns {'bitwise identical' if same else 'DIFFER'} on valid columns"
         f"{'' if same_past else ' (past seq_len they differ: columns the scorer leaves unwritten)'}; {mask}"
     )
-    return Check(name or f"{fmt} scorer", label, "pass" if ok else "fail", detail, fp8_path,
-                 {"calc_diff": diff, "finite": finite, "deterministic": same, "deterministic_past_len": same_past, "mask": mask, "rows": int(case.seq_lens.numel())})
+    return Check(
+        name or f"{fmt} scorer",
+        label,
+        "pass" if ok else "fail",
+        detail,
+        fp8_path,
+        {
+            "calc_diff": diff,
+            "finite": finite,
+            "deterministic": same,
+            "deterministic_past_len": same_past,
+            "mask": mask,
+            "rows": int(case.seq_lens.numel()),
+        },
+    )
 
 
 def scorer_fn(found, fmt: str) -> ScoreFn:
@@ -390,12 +443,21 @@ def check_topk(backend: Backend, label: str) -> Check:
     m = row_metrics(logits, seq, topk, sel)
     recall = m["recall_tie"].tolist()
     seq_ok = all(
-        sel[i, :n].tolist() == list(range(n)) and bool((sel[i, n:] == -1).all()) for i, n in enumerate(lens) if n <= topk
+        sel[i, :n].tolist() == list(range(n)) and bool((sel[i, n:] == -1).all())
+        for i, n in enumerate(lens)
+        if n <= topk
     )
     mism = int(getattr(backend, "stats", {}).get("topk_translation_mismatch", 0))
     ok = min(recall) == 1.0 and seq_ok and mism == 0
     detail = f"tie-aware recall on its own logits {min(recall):.4f} (min over rows, ties planted); short rows sequential: {seq_ok}; slot translation mismatches: {mism}"
-    return Check("top-k selection", label, "pass" if ok else "fail", detail, True, {"recall_tie": recall, "sequential_ok": seq_ok, "translation_mismatch": mism})
+    return Check(
+        "top-k selection",
+        label,
+        "pass" if ok else "fail",
+        detail,
+        True,
+        {"recall_tie": recall, "sequential_ok": seq_ok, "translation_mismatch": mism},
+    )
 
 
 def check_graph_replay(backend: Backend, fmt: str, label: str, case: ScoreCase) -> Check:
@@ -429,8 +491,14 @@ def check_graph_replay(backend: Backend, fmt: str, label: str, case: ScoreCase) 
     recall = float(row_metrics(lg_e, case.seq_lens, topk, sel_g)["recall_tie"].min())
     ok = diff < 1e-12 and recall == 1.0
     detail = f"graph captured at 200 keys/row, replayed at {case.seq_lens.tolist()}: logits calc_diff {diff:.1e} vs eager, selection tie-aware recall {recall:.4f}"
-    return Check(f"{fmt} scorer + top-k under CUDA-graph replay", label, "pass" if ok else "fail", detail, fmt == "fp8",
-                 {"calc_diff": diff, "recall_tie_min": recall})
+    return Check(
+        f"{fmt} scorer + top-k under CUDA-graph replay",
+        label,
+        "pass" if ok else "fail",
+        detail,
+        fmt == "fp8",
+        {"calc_diff": diff, "recall_tie_min": recall},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,7 +532,12 @@ def check_deepgemm(timeout_s: int = 600) -> Check:
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "verify.recall.diagnose", "--deepgemm-probe"],
-            check=False, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(repo),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            cwd=str(repo),
         )
     except subprocess.TimeoutExpired:
         return Check("fp8 scorer", label, "skipped", f"probe timed out after {timeout_s} s")
@@ -495,8 +568,14 @@ def choosing(records: Sequence[Mapping[str, Any]], arm: str) -> list[Mapping[str
 def check_end_to_end(records: Sequence[Mapping[str, Any]]) -> Check:
     prod, emu = choosing(records, "fp8"), choosing(records, "fp8_emul")
     if not prod or not emu:
-        return Check("fp8 end to end (tier 2)", "fp8 store + scorer + top-k", "skipped", "no fp8_emul control arm in this run")
+        return Check(
+            "fp8 end to end (tier 2)",
+            "fp8 store + scorer + top-k",
+            "skipped",
+            "no fp8_emul control arm in this run",
+        )
     rp, re_ = _mean([float(r["recall_tie"]) for r in prod]), _mean([float(r["recall_tie"]) for r in emu])
+
     def key(r: Mapping[str, Any]) -> tuple:
         return (str(r.get("source")), r["length_tokens"], r["row"])
 
@@ -504,15 +583,24 @@ def check_end_to_end(records: Sequence[Mapping[str, Any]]) -> Check:
     lost = sum(
         1
         for r in records
-        if r["arm"] == "fp8" and r.get("gated") == 1.0 and r.get("needle_hit") != 1.0 and emu_hit.get(key(r)) == 1.0
+        if r["arm"] == "fp8"
+        and r.get("gated") == 1.0
+        and r.get("needle_hit") != 1.0
+        and emu_hit.get(key(r)) == 1.0
     )
     # The torch scorer rounds per-head dots to bf16 and the kernels sum in another order, so the
     # production arm may differ from the emulation by near-tie flips; a layout or graph bug costs
     # far more than 0.5% of the top-k.
     ok = rp >= re_ - 0.005 and lost == 0
     detail = f"production fp8 tie-aware recall {rp:.4f} vs emulated fp8 {re_:.4f} on identical inputs; gated needles the emulation keeps but production loses: {lost}"
-    return Check("fp8 end to end (tier 2)", "fp8 store + scorer + top-k", "pass" if ok else "fail", detail, True,
-                 {"recall_prod": rp, "recall_emul": re_, "needles_lost_vs_emul": lost})
+    return Check(
+        "fp8 end to end (tier 2)",
+        "fp8 store + scorer + top-k",
+        "pass" if ok else "fail",
+        detail,
+        True,
+        {"recall_prod": rp, "recall_emul": re_, "needles_lost_vs_emul": lost},
+    )
 
 
 def verdict(
@@ -527,12 +615,19 @@ def verdict(
     errored = [c for c in checks if c.fp8_path and c.status == "error"]
     if errored:
         injected += f" [{len(errored)} fp8 check(s) could not run: {', '.join(c.name for c in errored)}]"
-    prefix = "CPU emulation only (no production kernel ran; it agrees with itself by construction -- run --backend gpu on the affected machine): " if emulated else ""
+    prefix = (
+        "CPU emulation only (no production kernel ran; it agrees with itself by construction -- run --backend gpu on the affected machine): "
+        if emulated
+        else ""
+    )
     if not ran:
         return prefix + "fp8 path not tested: no fp8 check could run (see diagnosis.checks)"
     fp8, bf16 = choosing(records, "fp8"), choosing(records, "bf16")
     if not fp8:
-        return prefix + f"fp8 path correct ({len(ran)} checks passed); no tier-2 rows where the indexer must choose"
+        return (
+            prefix
+            + f"fp8 path correct ({len(ran)} checks passed); no tier-2 rows where the indexer must choose"
+        )
     loss = 1 - _mean([float(r["recall_tie"]) for r in fp8])
     loss_b = 1 - _mean([float(r["recall_tie"]) for r in bf16]) if bf16 else float("nan")
     g = [r for r in records if r["arm"] == "fp8" and r.get("gated") == 1.0]
@@ -551,35 +646,99 @@ def run(backend: Backend, records: Sequence[Mapping[str, Any]] = (), quick: bool
     long_len = 2048 if (quick or not gpu) else 8192
     checks: list[Check] = []
     store_label = backend.paths.get("store_fp8", "fp8 store")
-    checks.append(_guard("fp8 index-K store", store_label, lambda: check_fp8_store(backend, 4096 if gpu else 1024, store_label)))
+    checks.append(
+        _guard(
+            "fp8 index-K store",
+            store_label,
+            lambda: check_fp8_store(backend, 4096 if gpu else 1024, store_label),
+        )
+    )
     if gpu and not emulated:
-        checks.append(_guard("fp8 fused norm+rope+hadamard store", "compress_norm_rope_store", lambda: check_fused_norm_rope_store(dev)))
-    checks.append(_guard("bf16 index-K store", backend.paths.get("store_bf16", "bf16 store"),
-                         lambda: check_bf16_store(backend, 1024, backend.paths.get("store_bf16", "bf16 store")), fp8_path=False))
-    checks.append(_guard("fp8 q quantization", backend.paths.get("q", "q"), lambda: check_q(backend, backend.paths.get("q", "q"))))
+        checks.append(
+            _guard(
+                "fp8 fused norm+rope+hadamard store",
+                "compress_norm_rope_store",
+                lambda: check_fused_norm_rope_store(dev),
+            )
+        )
+    checks.append(
+        _guard(
+            "bf16 index-K store",
+            backend.paths.get("store_bf16", "bf16 store"),
+            lambda: check_bf16_store(backend, 1024, backend.paths.get("store_bf16", "bf16 store")),
+            fp8_path=False,
+        )
+    )
+    checks.append(
+        _guard(
+            "fp8 q quantization",
+            backend.paths.get("q", "q"),
+            lambda: check_q(backend, backend.paths.get("q", "q")),
+        )
+    )
     case = score_case(dev, long_len)
-    checks.append(_guard("fp8 scorer", backend.paths.get("score_fp8", "fp8 scorer"),
-                         lambda: check_scorer("fp8", backend.paths.get("score_fp8", "fp8 scorer"), backend_score_fn(backend, "fp8"), case, True)))
-    checks.append(_guard("bf16 scorer", backend.paths.get("score_bf16", "bf16 scorer"),
-                         lambda: check_scorer("bf16", backend.paths.get("score_bf16", "bf16 scorer"), backend_score_fn(backend, "bf16"), case, False), fp8_path=False))
+    checks.append(
+        _guard(
+            "fp8 scorer",
+            backend.paths.get("score_fp8", "fp8 scorer"),
+            lambda: check_scorer(
+                "fp8",
+                backend.paths.get("score_fp8", "fp8 scorer"),
+                backend_score_fn(backend, "fp8"),
+                case,
+                True,
+            ),
+        )
+    )
+    checks.append(
+        _guard(
+            "bf16 scorer",
+            backend.paths.get("score_bf16", "bf16 scorer"),
+            lambda: check_scorer(
+                "bf16",
+                backend.paths.get("score_bf16", "bf16 scorer"),
+                backend_score_fn(backend, "bf16"),
+                case,
+                False,
+            ),
+            fp8_path=False,
+        )
+    )
     if gpu and not emulated:
         in_use = backend.paths.get("score_fp8", "")
         if not in_use.startswith("deep_gemm"):
             checks.append(check_deepgemm())
-    checks.append(_guard("top-k selection", backend.paths.get("select", "top-k"), lambda: check_topk(backend, backend.paths.get("select", "top-k"))))
+    checks.append(
+        _guard(
+            "top-k selection",
+            backend.paths.get("select", "top-k"),
+            lambda: check_topk(backend, backend.paths.get("select", "top-k")),
+        )
+    )
     checks += hazard_checks(backend)
     if gpu and not emulated:
         checks += other_scorer_checks(backend, case)
     if gpu:
         for fmt in ("fp8", "bf16"):
             label = backend.paths.get(f"score_{fmt}", fmt) + " + " + backend.paths.get("select", "top-k")
-            checks.append(_guard(f"{fmt} scorer + top-k under CUDA-graph replay", label,
-                                 partial(check_graph_replay, backend, fmt, label, case), fp8_path=fmt == "fp8"))
+            checks.append(
+                _guard(
+                    f"{fmt} scorer + top-k under CUDA-graph replay",
+                    label,
+                    partial(check_graph_replay, backend, fmt, label, case),
+                    fp8_path=fmt == "fp8",
+                )
+            )
     if records:
         checks.append(check_end_to_end(records))
     agree = [float(r["agree_bf16"]) for r in choosing(records, "fp8") if r.get("agree_bf16") is not None]
-    return Diagnosis(verdict(checks, records, emulated, backend.faults), checks, emulated, _mean(agree) if agree else None,
-                     oracle_recall(records))
+    return Diagnosis(
+        verdict(checks, records, emulated, backend.faults),
+        checks,
+        emulated,
+        _mean(agree) if agree else None,
+        oracle_recall(records),
+    )
 
 
 ORACLE_FIELDS = {"same-q": "recall_tie", "exact-q": "recall_tie_unq", "reference": "recall_tie_ref"}
@@ -596,19 +755,26 @@ def oracle_recall(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, f
     arms = list(dict.fromkeys(str(r["arm"]) for r in records))
     out: dict[str, dict[str, float]] = {}
     for oracle, field_name in ORACLE_FIELDS.items():
-        out[oracle] = {a: _mean([float(r[field_name]) for r in choosing(records, a) if r.get(field_name) is not None])
-                       for a in arms}
+        out[oracle] = {
+            a: _mean([float(r[field_name]) for r in choosing(records, a) if r.get(field_name) is not None])
+            for a in arms
+        }
     first = choosing(records, arms[0])
     for oracle, field_name in REFERENCE_FIELDS.items():
-        out[oracle]["reference"] = _mean([float(r[field_name]) for r in first if r.get(field_name) is not None])
+        out[oracle]["reference"] = _mean(
+            [float(r[field_name]) for r in first if r.get(field_name) is not None]
+        )
     out["reference"]["reference"] = 1.0
     return out
 
 
 def oracle_lines(table: Mapping[str, Mapping[str, float]]) -> list[str]:
     """The diagnosis's oracle figures for summary.md, one line per oracle."""
-    return [f"- mean tie-aware recall vs the {oracle} oracle (rows where the indexer must choose): "
-            + ", ".join(f"{arm} {v:.4f}" for arm, v in by_arm.items()) for oracle, by_arm in table.items()]
+    return [
+        f"- mean tie-aware recall vs the {oracle} oracle (rows where the indexer must choose): "
+        + ", ".join(f"{arm} {v:.4f}" for arm, v in by_arm.items())
+        for oracle, by_arm in table.items()
+    ]
 
 
 OTHER_FP8_SCORERS = ("score_tilelang", "score_torch_sm120", "score_torch", "score_deepgemm")
@@ -647,7 +813,14 @@ def other_scorer_checks(backend: Backend, case: ScoreCase) -> list[Check]:
                 quantize_q=lambda q, w: F.quantize_q(q, w, 1.0),
                 device=backend.device,
             )
-            return Check("other fp8 scorer then top-k (hazards)", got.name, "pass" if res["ok"] else "fail", str(res["detail"]), False, res)
+            return Check(
+                "other fp8 scorer then top-k (hazards)",
+                got.name,
+                "pass" if res["ok"] else "fail",
+                str(res["detail"]),
+                False,
+                res,
+            )
 
         out.append(_guard("other fp8 scorer then top-k (hazards)", got.name, hazards, False))
     return out
@@ -663,7 +836,14 @@ def hazard_checks(backend: Backend) -> list[Check]:
 
     def topk_tails() -> Check:
         res = H.check_topk_poisoned_tails(backend.select, dev)
-        return Check("top-k over poisoned tails", select_label, "pass" if res["ok"] else "fail", str(res["detail"]), True, res)
+        return Check(
+            "top-k over poisoned tails",
+            select_label,
+            "pass" if res["ok"] else "fail",
+            str(res["detail"]),
+            True,
+            res,
+        )
 
     out.append(_guard("top-k over poisoned tails", select_label, topk_tails))
     for fmt in ("fp8", "bf16"):
@@ -674,29 +854,54 @@ def hazard_checks(backend: Backend) -> list[Check]:
                 fmt,
                 store=lambda pool, slots, keys: backend.store(fmt, pool, slots, keys),
                 new_pool=lambda n: backend.new_pool(fmt, n),
-                score=lambda pool, q8, w, seq, pt: backend.score(fmt, pool, q8, w, torch.arange(q8.shape[0], device=dev), seq, pt),
+                score=lambda pool, q8, w, seq, pt: backend.score(
+                    fmt, pool, q8, w, torch.arange(q8.shape[0], device=dev), seq, pt
+                ),
                 select=backend.select,
                 quantize_q=lambda q, w: F.quantize_q(q, w, 1.0),
                 device=dev,
             )
-            return Check(f"{fmt} scorer then top-k (hazards)", label, "pass" if res["ok"] else "fail", str(res["detail"]), fmt == "fp8", res)
+            return Check(
+                f"{fmt} scorer then top-k (hazards)",
+                label,
+                "pass" if res["ok"] else "fail",
+                str(res["detail"]),
+                fmt == "fp8",
+                res,
+            )
 
         out.append(_guard(f"{fmt} scorer then top-k (hazards)", label, scorer_topk, fp8_path=fmt == "fp8"))
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m verify.recall.diagnose", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", choices=("cpu", "gpu"), default="gpu" if torch.cuda.is_available() else "cpu")
+    ap = argparse.ArgumentParser(
+        prog="python -m verify.recall.diagnose", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "--backend", choices=("cpu", "gpu"), default="gpu" if torch.cuda.is_available() else "cpu"
+    )
     ap.add_argument("--fp8-scorer", default="auto")
-    ap.add_argument("--platform", default="auto",
-                    help="profile whose fp8 path is diagnosed: auto (the local GPU's), sm90, sm100, sm120, hip")
-    ap.add_argument("--forward", type=Path, nargs="+", default=None,
-                    help="forward-tier results folders (python -m verify.forward) to fold into the verdicts; "
-                         "in order, a later run of the same arm replaces an earlier one")
-    ap.add_argument("--refold", type=Path, default=None,
-                    help="a diagnosis.json a GPU run wrote: fold --forward into its measured checks again "
-                         "(no kernel runs; the checks, paths and profiles are the file's)")
+    ap.add_argument(
+        "--platform",
+        default="auto",
+        help="profile whose fp8 path is diagnosed: auto (the local GPU's), sm90, sm100, sm120, hip",
+    )
+    ap.add_argument(
+        "--forward",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="forward-tier results folders (python -m verify.forward) to fold into the verdicts; "
+        "in order, a later run of the same arm replaces an earlier one",
+    )
+    ap.add_argument(
+        "--refold",
+        type=Path,
+        default=None,
+        help="a diagnosis.json a GPU run wrote: fold --forward into its measured checks again "
+        "(no kernel runs; the checks, paths and profiles are the file's)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="write diagnosis.json and diagnosis.md here")
     ap.add_argument("--deepgemm-probe", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -720,11 +925,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         measured = json.loads(args.refold.read_text())
         profile, paths = measured["platform"], measured["paths"]
         d = measured["diagnosis"]
-        diag = Diagnosis(d["verdict"], [Check(**c) for c in d["checks"]], d["emulated"], d.get("topk_agreement_fp8_bf16"))
+        diag = Diagnosis(
+            d["verdict"], [Check(**c) for c in d["checks"]], d["emulated"], d.get("topk_agreement_fp8_bf16")
+        )
         # older files did not record the machine; their component list names the hardware a
         # profile was not measured on
-        local = measured.get("local_profile", profile if not any(
-            c["component"].endswith("hardware itself") for c in measured["components"]) else None)
+        local = measured.get(
+            "local_profile",
+            profile
+            if not any(c["component"].endswith("hardware itself") for c in measured["components"])
+            else None,
+        )
         refolded = {"checks_from": str(args.refold), "forward_from": [str(f) for f in args.forward or []]}
         applied = measured.get(SERIES_HASH)  # the checks are that run's: its series, not this checkout's
     else:
@@ -742,11 +953,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "diagnosis.json").write_text(json.dumps(
-            {"platform": profile, "local_profile": local, "diagnosis": diag.to_dict(), "paths": paths,
-             "components": [line.__dict__ for line in lines], SERIES_HASH: applied,
-             **({"refolded": refolded} if refolded else {})},
-            indent=1, default=str))
+        (args.out / "diagnosis.json").write_text(
+            json.dumps(
+                {
+                    "platform": profile,
+                    "local_profile": local,
+                    "diagnosis": diag.to_dict(),
+                    "paths": paths,
+                    "components": [line.__dict__ for line in lines],
+                    SERIES_HASH: applied,
+                    **({"refolded": refolded} if refolded else {}),
+                },
+                indent=1,
+                default=str,
+            )
+        )
         (args.out / "diagnosis.md").write_text(text)
     return 1 if any(line.status == "fail" for line in lines) else 0
 

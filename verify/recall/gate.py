@@ -52,14 +52,18 @@ class GateResult:
         return asdict(self)
 
 
-def _by(entries: Sequence[Mapping[str, Any]], arm: str, keys: Sequence[str]) -> dict[tuple, Mapping[str, Any]]:
+def _by(
+    entries: Sequence[Mapping[str, Any]], arm: str, keys: Sequence[str]
+) -> dict[tuple, Mapping[str, Any]]:
     return {tuple(e[k] for k in keys): e for e in entries if e["arm"] == arm}
 
 
 def evaluate(records: Sequence[Mapping[str, Any]], arm: str = "bf16", reference: str = "fp8") -> GateResult:
     arms = {r["arm"] for r in records}
     if arm not in arms or reference not in arms:
-        return GateResult(False, [Condition("arms", False, f"need arms {arm!r} and {reference!r}, have {sorted(arms)}")])
+        return GateResult(
+            False, [Condition("arms", False, f"need arms {arm!r} and {reference!r}, have {sorted(arms)}")]
+        )
 
     misses = [
         {k: r.get(k) for k in ("length_tokens", "topk", "depth", "residue", "kind", "mode", "margin", "row")}
@@ -82,7 +86,9 @@ def evaluate(records: Sequence[Mapping[str, Any]], arm: str = "bf16", reference:
     for key in sorted(a):
         la, lb = float(a[key]["loss"]), float(b[key]["loss"])
         if la > LOSS_RATIO * lb + MEAN_EPS:
-            ratio_fail.append({"topk": key[0], "length_tokens": key[1], f"loss_{arm}": la, f"loss_{reference}": lb})
+            ratio_fail.append(
+                {"topk": key[0], "length_tokens": key[1], f"loss_{arm}": la, f"loss_{reference}": lb}
+            )
     ratio = Condition(
         "loss_ratio",
         not ratio_fail,
@@ -98,7 +104,9 @@ def evaluate(records: Sequence[Mapping[str, Any]], arm: str = "bf16", reference:
         ma = float(ca[key]["recall_tie"]["mean"])
         mb = float(cb[key]["recall_tie"]["mean"])
         if ma < mb - MEAN_EPS:
-            cell_fail.append({"topk": key[0], "length_tokens": key[1], "depth": key[2], arm: ma, reference: mb})
+            cell_fail.append(
+                {"topk": key[0], "length_tokens": key[1], "depth": key[2], arm: ma, reference: mb}
+            )
     cell = Condition(
         "cells",
         not cell_fail,
@@ -109,12 +117,16 @@ def evaluate(records: Sequence[Mapping[str, Any]], arm: str = "bf16", reference:
     return GateResult(all(c.passed for c in conds), conds, arm, reference)
 
 
-def evaluate_exact_q(records: Sequence[Mapping[str, Any]], arm: str = "bf16", reference: str = "fp8") -> GateResult | None:
+def evaluate_exact_q(
+    records: Sequence[Mapping[str, Any]], arm: str = "bf16", reference: str = "fp8"
+) -> GateResult | None:
     """The gate's conditions against the exact-q oracle (needle hits still as the same-q oracle
     placed them); None when the records carry no exact-q recall."""
     if not any(r.get("recall_tie_unq") is not None for r in records):
         return None
-    swapped = [{**r, "recall_tie": r.get("recall_tie_unq")} for r in records if r.get("recall_tie_unq") is not None]
+    swapped = [
+        {**r, "recall_tie": r.get("recall_tie_unq")} for r in records if r.get("recall_tie_unq") is not None
+    ]
     result = evaluate(swapped, arm, reference)
     result.oracle = EXACT_Q
     return result

@@ -203,7 +203,9 @@ def make_haystack(cfg: GenConfig, length: int, seq: int, n: int) -> torch.Tensor
     return k
 
 
-def make_query(cfg: GenConfig, length: int, seq: int, group: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_query(
+    cfg: GenConfig, length: int, seq: int, group: int, position: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q_pre ``[H,128]`` bf16 before RoPE/Hadamard, w_raw ``[H]`` bf16) for one query group."""
     g = _gen(cfg.seed, "query", length, seq, group)
     topics = _topics(cfg, length, seq)
@@ -412,7 +414,9 @@ def plant_needles(problem: Problem, cfg: GenConfig) -> None:
         g = _gen(cfg.seed, "distractors", problem.length_tokens, i)
         if scale0 > 0 and s_u > 0:
             for p in dpos:
-                noise = torch.randn(HEAD_DIM, generator=g).to(dev) * cfg.distractor_noise / math.sqrt(HEAD_DIM)
+                noise = (
+                    torch.randn(HEAD_DIM, generator=g).to(dev) * cfg.distractor_noise / math.sqrt(HEAD_DIM)
+                )
                 d_dir = _unit(u_dir + noise)
                 s_d = s_of(d_dir, u)
                 delta = float(torch.rand(1, generator=g)) * (2.0 if boundary else 1.0) - 1.0
@@ -458,4 +462,3 @@ def build_planted(
     problem.q_fp8, problem.w = quantize_q(problem.queries)
     plant_needles(problem, cfg)
     return problem
-

@@ -30,8 +30,13 @@ from .backend import Backend, EmulationBackend, QueryInputs
 
 FP8_SCORERS = ("auto", "torch", "torch-sm120", "triton-twin", "deepgemm", "tilelang", "emulation")
 # --fp8-scorer name -> the platform role it loads
-CHOICE_ROLE = {"torch": "score_torch", "torch-sm120": "score_torch_sm120", "triton-twin": "score_twin",
-               "deepgemm": "score_deepgemm", "tilelang": "score_tilelang"}
+CHOICE_ROLE = {
+    "torch": "score_torch",
+    "torch-sm120": "score_torch_sm120",
+    "triton-twin": "score_twin",
+    "deepgemm": "score_deepgemm",
+    "tilelang": "score_tilelang",
+}
 TORCH_SEMANTICS = ("score_torch", "score_torch_sm120")  # bf16 per-head dots (emulation "fp8-torch")
 
 
@@ -66,12 +71,18 @@ class GpuBackend(Backend):
         self._probe_fp8_store()
         self.emul.fp8_input_dtype = self.fp8_input_dtype
         self.paths["q"] = self._desc(self._q, "emulation (torch)")
-        self.paths["store_bf16"] = self._desc(self._pool_cls, "emulation of set_index_k_bf16 (torch)", ".set_index_k_bf16")
+        self.paths["store_bf16"] = self._desc(
+            self._pool_cls, "emulation of set_index_k_bf16 (torch)", ".set_index_k_bf16"
+        )
         self.paths["score_bf16"] = self._desc(self._bf16_score, "emulation (fp32)")
         self.paths["select"] = self._desc(self._topk, "torch.topk with topk_transform_paged semantics")
         self.paths["fp8_emul"] = f"torch emulation on {self.device} ({fp8_sem}), control arm"
-        self._fp4_store = U.import_attr("sglang.kernels.ops.attention.dsv4.fp4_indexer", "store_fp4_index_k_cache")
-        self.paths["store_fp4"] = self._desc(self._fp4_store, "emulation of set_index_fp4 (torch)", "(rne=False)")
+        self._fp4_store = U.import_attr(
+            "sglang.kernels.ops.attention.dsv4.fp4_indexer", "store_fp4_index_k_cache"
+        )
+        self.paths["store_fp4"] = self._desc(
+            self._fp4_store, "emulation of set_index_fp4 (torch)", "(rne=False)"
+        )
         for step in ("q_fp4", "score_fp4", "reference"):
             self.paths[step] = self.emul.paths[step]
 
@@ -94,7 +105,10 @@ class GpuBackend(Backend):
         if isinstance(got, U.Missing) and choice == "auto":
             twin = U.load("score_twin")
             if isinstance(twin, U.Found):
-                got, sem = U.Found(twin.obj, f"{twin.name} (the profile's {role} did not load: {got.reason})"), "fp8-fp32acc"
+                got, sem = (
+                    U.Found(twin.obj, f"{twin.name} (the profile's {role} did not load: {got.reason})"),
+                    "fp8-fp32acc",
+                )
         self.paths["score_fp8"] = self._desc(got, "emulation (fp8-fp32acc)")
         return got, sem
 
@@ -110,7 +124,9 @@ class GpuBackend(Backend):
         errors: list[str] = []
         for dtype in (torch.float32, torch.bfloat16):
             try:
-                self._fp8_store.obj(input=keys.to(dtype), cache=pool, indices=slots, page_size=F.PAGE_SLOTS, type="indexer")
+                self._fp8_store.obj(
+                    input=keys.to(dtype), cache=pool, indices=slots, page_size=F.PAGE_SLOTS, type="indexer"
+                )
                 torch.cuda.synchronize(self.device)
                 self.fp8_input_dtype = dtype
                 self.paths["store_fp8"] = f"{self._fp8_store.name}(type='indexer', input {dtype})"
@@ -168,7 +184,12 @@ class GpuBackend(Backend):
 
     # -- q ------------------------------------------------------------------------------------------
     def _quantize_q(self, qi: QueryInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(self._q, U.Found) and qi.q_pre is not None and qi.cos is not None and qi.sin is not None:
+        if (
+            isinstance(self._q, U.Found)
+            and qi.q_pre is not None
+            and qi.cos is not None
+            and qi.sin is not None
+        ):
             # One RoPE row per query, addressed by position = query index: the kernel reads
             # rope_cache[position], so a compact table replaces a 131K-row one.
             freqs = torch.complex(qi.cos.float(), qi.sin.float()).contiguous()
@@ -263,7 +284,10 @@ def load_scorer(role: str) -> U.Loaded:
         twin = U.load("score_twin")
         if isinstance(twin, U.Missing):
             return twin
-        return U.Found(twin.obj, f"{twin.name} standing in for deep_gemm.fp8_paged_mqa_logits (DeepGEMM does not run here)")
+        return U.Found(
+            twin.obj,
+            f"{twin.name} standing in for deep_gemm.fp8_paged_mqa_logits (DeepGEMM does not run here)",
+        )
     got = U.load(role)
     if role == "score_tilelang" and isinstance(got, U.Found) and P.local_profile() != "sm120":
         got = U.Found(got.obj, f"{got.name} [{P.force_mma_sync_lowering()}]")
@@ -281,7 +305,8 @@ def deepgemm_metadata(seq: torch.Tensor) -> torch.Tensor:
     return deep_gemm.get_paged_mqa_logits_metadata(seq.unsqueeze(-1), F.PAGE_SLOTS, sms)
 
 
-def make_gpu_backend(faults: tuple[str, ...] = (), fp8_scorer: str = "auto", device: str | None = None,
-                     platform: str = "auto") -> GpuBackend:
+def make_gpu_backend(
+    faults: tuple[str, ...] = (), fp8_scorer: str = "auto", device: str | None = None, platform: str = "auto"
+) -> GpuBackend:
     dev = torch.device(device or "cuda")
     return GpuBackend(device=dev, faults=faults, fp8_scorer_choice=fp8_scorer, platform=platform)

@@ -46,7 +46,9 @@ def poison_allocator(device: torch.device, nbytes: int) -> None:
     del blocks
 
 
-def _poisoned_logits(lens: list[int], width: int, device: torch.device, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _poisoned_logits(
+    lens: list[int], width: int, device: torch.device, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random finite logits on valid columns, poison past each row's length; with planted ties."""
     b = len(lens)
     logits = torch.randn(b, width, generator=g).to(device)
@@ -60,14 +62,18 @@ def _poisoned_logits(lens: list[int], width: int, device: torch.device, g: torch
     return logits, torch.tensor(lens, dtype=torch.int32, device=device)
 
 
-def check_topk_poisoned_tails(select: SelectFn, device: torch.device, topks: tuple[int, ...] = (512, 1024)) -> dict[str, Any]:
+def check_topk_poisoned_tails(
+    select: SelectFn, device: torch.device, topks: tuple[int, ...] = (512, 1024)
+) -> dict[str, Any]:
     """The top-k reads only each row's first ``seq_len`` columns, whatever lies past them."""
     g = torch.Generator().manual_seed(41)
     lens = list(BOUNDARY_LENS)
     width = (max(lens) // F.PAGE_SLOTS + 2) * F.PAGE_SLOTS
     logits, seq = _poisoned_logits(lens, width, device, g)
     pages = width // F.PAGE_SLOTS
-    pt = torch.stack([torch.randperm(4 * pages, generator=g)[:pages] for _ in lens]).to(torch.int32).to(device)
+    pt = (
+        torch.stack([torch.randperm(4 * pages, generator=g)[:pages] for _ in lens]).to(torch.int32).to(device)
+    )
     worst, beyond = 1.0, 0
     for topk in topks:
         sel = select(logits.clone(), seq, pt, topk)
@@ -77,10 +83,17 @@ def check_topk_poisoned_tails(select: SelectFn, device: torch.device, topks: tup
         worst = min(worst, float(m["recall_tie"].min()))
         beyond += int(((sel.long() >= seq.long().unsqueeze(1)) & (sel >= 0)).sum())
     ok = worst == 1.0 and beyond == 0
-    return {"ok": ok, "recall_tie_min": worst, "selected_past_len": beyond, "lengths_keys": lens,
-            "detail": (f"top-{'/'.join(map(str, topks))} on logits poisoned past each row's length (NaN, +inf, 3e38, stale "
-                       f"scores 50x the valid ones) at {len(lens)} boundary lengths: tie-aware recall {worst:.4f}, "
-                       f"{beyond} selections past the length")}
+    return {
+        "ok": ok,
+        "recall_tie_min": worst,
+        "selected_past_len": beyond,
+        "lengths_keys": lens,
+        "detail": (
+            f"top-{'/'.join(map(str, topks))} on logits poisoned past each row's length (NaN, +inf, 3e38, stale "
+            f"scores 50x the valid ones) at {len(lens)} boundary lengths: tie-aware recall {worst:.4f}, "
+            f"{beyond} selections past the length"
+        ),
+    }
 
 
 def scorer_hazard_case(device: torch.device, seed: int = 43) -> dict[str, torch.Tensor]:
@@ -106,14 +119,26 @@ def scorer_hazard_case(device: torch.device, seed: int = 43) -> dict[str, torch.
     for r, n in enumerate(lens):  # stale: slots past n in the row's pages align with its q
         stale = slots[r, n:].tolist()
         keys[stale] = (q[r].mean(0) * 4.0).expand(len(stale), -1)
-    return {"keys": keys.to(device), "q": q.to(device), "w": w.to(device), "pt": pt.to(torch.int32).to(device),
-            "seq": torch.tensor(lens, dtype=torch.int32, device=device), "num_pages": torch.tensor(num_pages)}
+    return {
+        "keys": keys.to(device),
+        "q": q.to(device),
+        "w": w.to(device),
+        "pt": pt.to(torch.int32).to(device),
+        "seq": torch.tensor(lens, dtype=torch.int32, device=device),
+        "num_pages": torch.tensor(num_pages),
+    }
 
 
-def check_scorer_then_topk(fmt: str, store: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None],
-                           new_pool: Callable[[int], torch.Tensor], score: ScoreFn, select: SelectFn,
-                           quantize_q: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                           device: torch.device, topk: int = 512) -> dict[str, Any]:
+def check_scorer_then_topk(
+    fmt: str,
+    store: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None],
+    new_pool: Callable[[int], torch.Tensor],
+    score: ScoreFn,
+    select: SelectFn,
+    quantize_q: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    topk: int = 512,
+) -> dict[str, Any]:
     """The platform's scorer, then its top-k, on :func:`scorer_hazard_case` with a poisoned
     allocator; selection against the fp64 oracle over the keys as stored."""
     case = scorer_hazard_case(device)
@@ -139,8 +164,13 @@ def check_scorer_then_topk(fmt: str, store: Callable[[torch.Tensor, torch.Tensor
     diff = calc_diff(got, oracle[valid])
     finite = bool(torch.isfinite(got).all())
     past = logits[:, :width][~valid]
-    past_kind = ("-inf" if past.numel() == 0 or bool(torch.isneginf(past).all()) else
-                 "0" if bool((past == 0).all()) else "NaN / stale / unwritten values")
+    past_kind = (
+        "-inf"
+        if past.numel() == 0 or bool(torch.isneginf(past).all())
+        else "0"
+        if bool((past == 0).all())
+        else "NaN / stale / unwritten values"
+    )
     sel = select(logits, case["seq"], case["pt"], topk)
     m = row_metrics(oracle.float(), case["seq"], topk, sel)
     strict_tie = float(m["recall_tie"].min())
@@ -158,7 +188,14 @@ def check_scorer_then_topk(fmt: str, store: Callable[[torch.Tensor, torch.Tensor
         ch = sel[r].long()
         ch = torch.where((ch >= 0) & (ch < n), ch, torch.full_like(ch, -1)).unsqueeze(0)
         lg = logits[r : r + 1, :n].double().nan_to_num(float("-inf"))
-        own_min = min(own_min, float(tie_aware_recall(lg, ch, topk, lg.abs().nan_to_num(0, posinf=0, neginf=0).amax(1) * 1e-6).min()))
+        own_min = min(
+            own_min,
+            float(
+                tie_aware_recall(
+                    lg, ch, topk, lg.abs().nan_to_num(0, posinf=0, neginf=0).amax(1) * 1e-6
+                ).min()
+            ),
+        )
         o = oracle[r : r + 1, :n]
         err = (logits[r : r + 1, :n].double() - o).abs().nan_to_num(float("inf")).amax(1)
         tol = torch.maximum(o.abs().amax(1) * TIE_REL, 2 * err) if scorer_ok else o.abs().amax(1) * TIE_REL
@@ -169,13 +206,22 @@ def check_scorer_then_topk(fmt: str, store: Callable[[torch.Tensor, torch.Tensor
         blame.append("scorer")
     if own_min < 1.0 or beyond:
         blame.append("top-k")
-    return {"ok": ok, "calc_diff": diff, "finite_on_valid": finite, "past_len": past_kind,
-            "recall_tie_min": tol_min, "recall_tie_strict_oracle_min": strict_tie,
-            "topk_recall_on_its_logits_min": own_min, "selected_past_len": beyond,
-            "detail": (f"{fmt} scorer then top-{topk} over {case['seq'].numel()} rows (boundary lengths, MTP pairs, "
-                       f"padded page tables, stale high-scoring keys past each row's end, NaN-poisoned allocator): "
-                       f"calc_diff {diff:.1e} on valid columns ({'finite' if finite else 'NON-FINITE'}), past the length: "
-                       f"{past_kind}; top-k on its own logits: recall {own_min:.4f}, {beyond} past the length; "
-                       f"vs the fp64 oracle: recall {tol_min:.4f} with ties within the scorer's own error "
-                       f"({strict_tie:.4f} with exact ties only)"
-                       + (f"; FAULT in the {' and '.join(blame)}" if blame else ""))}
+    return {
+        "ok": ok,
+        "calc_diff": diff,
+        "finite_on_valid": finite,
+        "past_len": past_kind,
+        "recall_tie_min": tol_min,
+        "recall_tie_strict_oracle_min": strict_tie,
+        "topk_recall_on_its_logits_min": own_min,
+        "selected_past_len": beyond,
+        "detail": (
+            f"{fmt} scorer then top-{topk} over {case['seq'].numel()} rows (boundary lengths, MTP pairs, "
+            f"padded page tables, stale high-scoring keys past each row's end, NaN-poisoned allocator): "
+            f"calc_diff {diff:.1e} on valid columns ({'finite' if finite else 'NON-FINITE'}), past the length: "
+            f"{past_kind}; top-k on its own logits: recall {own_min:.4f}, {beyond} past the length; "
+            f"vs the fp64 oracle: recall {tol_min:.4f} with ties within the scorer's own error "
+            f"({strict_tie:.4f} with exact ties only)"
+            + (f"; FAULT in the {' and '.join(blame)}" if blame else "")
+        ),
+    }

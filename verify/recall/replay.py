@@ -47,7 +47,12 @@ def bucket(value: int, edges: Sequence[int]) -> int:
 
 
 def load_problem(
-    cap: Capture, topks: Sequence[int], lengths: Sequence[int], depths: Sequence[float], device: torch.device, name: str
+    cap: Capture,
+    topks: Sequence[int],
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    device: torch.device,
+    name: str,
 ) -> tuple[Problem, dict[str, tuple[str, torch.Tensor]], str]:
     """Returns (problem, preset pools ``{"captured": (fmt, pool)}``, description of reference keys)."""
     keys, ref_desc = reference_keys(cap, device)

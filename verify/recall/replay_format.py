@@ -73,7 +73,9 @@ def compact_pages(
     ids = torch.unique(page_table[used].long())
     remap = torch.full((int(pages.shape[0]),), -1, dtype=torch.int64, device=page_table.device)
     remap[ids] = torch.arange(ids.numel(), device=page_table.device)
-    table = torch.where(used, remap[page_table.long().clamp(min=0)], torch.zeros_like(page_table, dtype=torch.int64))
+    table = torch.where(
+        used, remap[page_table.long().clamp(min=0)], torch.zeros_like(page_table, dtype=torch.int64)
+    )
     new_ref = None
     if k_ref is not None:
         slots = (ids.unsqueeze(1) * PAGE_SIZE + torch.arange(PAGE_SIZE, device=ids.device)).flatten()
@@ -84,7 +86,9 @@ def compact_pages(
 def _as_rows_q(q: torch.Tensor) -> torch.Tensor:
     if q.dim() == 4:
         if q.shape[1] != 1:
-            raise ValueError(f"q [rows, next_n, H, D] needs next_n == 1 (flatten MTP rows first), got {tuple(q.shape)}")
+            raise ValueError(
+                f"q [rows, next_n, H, D] needs next_n == 1 (flatten MTP rows first), got {tuple(q.shape)}"
+            )
         q = q[:, 0]
     return q
 
@@ -133,7 +137,9 @@ def write_capture(
         "index_topk": int(index_topk),
         "q_dtype": FP4_Q_DTYPE if q_scale_ue8m0 is not None else str(q.dtype).replace("torch.", ""),
         # float8 tensors are stored as their bytes: readers on older torch can still load them
-        "q": q.detach().contiguous().cpu().view(torch.uint8) if q.dtype == torch.float8_e4m3fn else q.detach().cpu(),
+        "q": q.detach().contiguous().cpu().view(torch.uint8)
+        if q.dtype == torch.float8_e4m3fn
+        else q.detach().cpu(),
         "weights": weights.detach().reshape(q.shape[0], -1).float().cpu(),
         "index_k_pages": pages.detach().contiguous().view(torch.uint8).reshape(pages.shape[0], -1).cpu(),
         "page_table": table.detach().to(torch.int32).cpu(),
@@ -190,7 +196,10 @@ def validate(c: Capture) -> None:
         if not cond:
             raise ValueError(f"{FORMAT} v{VERSION}: {msg}")
 
-    need(c.index_k_format in SLOT_BYTES, f"index_k_format must be one of {sorted(SLOT_BYTES)}, got {c.index_k_format!r}")
+    need(
+        c.index_k_format in SLOT_BYTES,
+        f"index_k_format must be one of {sorted(SLOT_BYTES)}, got {c.index_k_format!r}",
+    )
     need(c.page_size == PAGE_SIZE, f"page_size must be {PAGE_SIZE}")
     rows = c.rows
     if c.q_scale_ue8m0 is not None:  # raw fp4 q: packed codes + one exponent per 32 dims
@@ -204,29 +213,55 @@ def validate(c: Capture) -> None:
             f"q_scale_ue8m0 must be uint8 [rows, H, {HEAD_DIM // FP4_BLOCK}]",
         )
     else:
-        need(c.q.dim() == 3 and c.q.shape[0] == rows and c.q.shape[2] == HEAD_DIM, f"q must be [rows={rows}, H, 128], got {tuple(c.q.shape)}")
-        need(c.q.dtype in (torch.float8_e4m3fn, torch.bfloat16), f"q dtype must be float8_e4m3fn or bfloat16, got {c.q.dtype}")
+        need(
+            c.q.dim() == 3 and c.q.shape[0] == rows and c.q.shape[2] == HEAD_DIM,
+            f"q must be [rows={rows}, H, 128], got {tuple(c.q.shape)}",
+        )
+        need(
+            c.q.dtype in (torch.float8_e4m3fn, torch.bfloat16),
+            f"q dtype must be float8_e4m3fn or bfloat16, got {c.q.dtype}",
+        )
     heads = int(c.q.shape[1])
-    need(tuple(c.weights.shape) == (rows, heads) and c.weights.dtype == torch.float32, f"weights must be fp32 [{rows}, {heads}]")
-    need(c.index_k_pages.dtype == torch.uint8 and c.index_k_pages.dim() == 2, "index_k_pages must be 2-D uint8")
+    need(
+        tuple(c.weights.shape) == (rows, heads) and c.weights.dtype == torch.float32,
+        f"weights must be fp32 [{rows}, {heads}]",
+    )
+    need(
+        c.index_k_pages.dtype == torch.uint8 and c.index_k_pages.dim() == 2, "index_k_pages must be 2-D uint8"
+    )
     need(
         c.index_k_pages.shape[1] == PAGE_SIZE * SLOT_BYTES[c.index_k_format],
         f"index_k_pages rows must be {PAGE_SIZE * SLOT_BYTES[c.index_k_format]} B for {c.index_k_format}",
     )
-    need(c.page_table.dim() == 2 and c.page_table.shape[0] == rows and c.page_table.dtype == torch.int32, "page_table must be int32 [rows, max_pages]")
-    need(c.seq_lens.dtype == torch.int32 and tuple(c.seq_lens.shape) == (rows,), "seq_lens must be int32 [rows]")
-    need(bool((c.seq_lens >= 0).all()) and (rows == 0 or int(c.seq_lens.max()) <= c.page_table.shape[1] * PAGE_SIZE), "seq_lens must fit the page table")
+    need(
+        c.page_table.dim() == 2 and c.page_table.shape[0] == rows and c.page_table.dtype == torch.int32,
+        "page_table must be int32 [rows, max_pages]",
+    )
+    need(
+        c.seq_lens.dtype == torch.int32 and tuple(c.seq_lens.shape) == (rows,),
+        "seq_lens must be int32 [rows]",
+    )
+    need(
+        bool((c.seq_lens >= 0).all())
+        and (rows == 0 or int(c.seq_lens.max()) <= c.page_table.shape[1] * PAGE_SIZE),
+        "seq_lens must fit the page table",
+    )
     pages_needed = (c.seq_lens.long() + PAGE_SIZE - 1) // PAGE_SIZE
     used = torch.arange(c.page_table.shape[1]).unsqueeze(0) < pages_needed.unsqueeze(1)
     ids = c.page_table[used]
-    need(ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < c.num_pages), "page_table entries within seq_lens must index index_k_pages")
+    need(
+        ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < c.num_pages),
+        "page_table entries within seq_lens must index index_k_pages",
+    )
     need(c.index_topk > 0, "index_topk must be positive")
     if c.needle_pos is not None:
         need(tuple(c.needle_pos.shape) == (rows,), "needle_pos must be [rows]")
         ok = (c.needle_pos < 0) | (c.needle_pos < c.seq_lens.long())
         need(bool(ok.all()), "needle_pos must be -1 or < seq_len")
     if c.k_ref is not None:
-        need(tuple(c.k_ref.shape) == (c.num_pages * PAGE_SIZE, HEAD_DIM), "k_ref must be [num_pages * 64, 128]")
+        need(
+            tuple(c.k_ref.shape) == (c.num_pages * PAGE_SIZE, HEAD_DIM), "k_ref must be [num_pages * 64, 128]"
+        )
     if c.q_ref is not None:
         need(tuple(c.q_ref.shape) == (rows, heads, HEAD_DIM), "q_ref must be [rows, H, 128]")
     if c.weights_ref is not None:
@@ -234,7 +269,10 @@ def validate(c: Capture) -> None:
     if c.row_tokens is not None:
         need(tuple(c.row_tokens.shape) == (rows,), "row_tokens must be [rows]")
     for k, v in c.metadata.items():
-        need(isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))), f"metadata[{k!r}] must be a str/int/float/bool/None")
+        need(
+            isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))),
+            f"metadata[{k!r}] must be a str/int/float/bool/None",
+        )
 
 
 def read_capture(

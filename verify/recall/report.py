@@ -112,7 +112,10 @@ def heatmaps(out: Path, cells: Sequence[Mapping[str, Any]], arms: Sequence[str])
     files: list[str] = []
     for arm in arms:
         fig, axes = plt.subplots(
-            1, len(topks), figsize=(1.1 * len(depths) * len(topks) + 2.5, 0.45 * len(lengths) + 1.8), squeeze=False
+            1,
+            len(topks),
+            figsize=(1.1 * len(depths) * len(topks) + 2.5, 0.45 * len(lengths) + 1.8),
+            squeeze=False,
         )
         im = None
         for ax, topk in zip(axes[0], topks):
@@ -130,9 +133,19 @@ def heatmaps(out: Path, cells: Sequence[Mapping[str, Any]], arms: Sequence[str])
                 for j in range(len(depths)):
                     v = grid[i][j]
                     if not math.isnan(v):
-                        ax.text(j, i, f"{v:.4f}", ha="center", va="center", fontsize=6, color="w" if v < (vmin + 1) / 2 else "k")
+                        ax.text(
+                            j,
+                            i,
+                            f"{v:.4f}",
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color="w" if v < (vmin + 1) / 2 else "k",
+                        )
                     if miss[i][j]:
-                        ax.text(j, i + 0.3, f"x{miss[i][j]}", ha="center", va="center", fontsize=7, color="red")
+                        ax.text(
+                            j, i + 0.3, f"x{miss[i][j]}", ha="center", va="center", fontsize=7, color="red"
+                        )
             ax.set_xticks(range(len(depths)), [depth_label(d) for d in depths], fontsize=7)
             ax.set_yticks(range(len(lengths)), [f"{n:,}" for n in lengths], fontsize=7)
             ax.set_xlabel("needle depth")
@@ -180,8 +193,10 @@ def summary_markdown(
             lines.append(f"  - ... {len(c.failures) - 10} more (results.json)")
     lines.append("")
     if gate_exact is not None:
-        lines.append(f"Beside it, the same conditions against the {gate_exact.oracle} (reported, not gating): "
-                     f"**{'pass' if gate_exact.passed else 'fail'}**\n")
+        lines.append(
+            f"Beside it, the same conditions against the {gate_exact.oracle} (reported, not gating): "
+            f"**{'pass' if gate_exact.passed else 'fail'}**\n"
+        )
         for c in gate_exact.conditions:
             lines.append(f"- {'ok' if c.passed else 'fail'} `{c.name}`: {c.detail}")
         lines.append("")
@@ -194,10 +209,16 @@ def summary_markdown(
     by = {(e["arm"], e["topk"], e["length_tokens"]): e for e in per_length}
     for topk in topks:
         lines.append(f"## Per length, index_topk={topk}\n")
-        lines.append("Tie-aware recall mean / p1 / min over rows; needles: hits/planted (gated hits/gated).\n")
-        head = "| tokens | keys | " + " | ".join(f"{a} recall" for a in arms) + " | loss bf16/fp8 | " + " | ".join(
-            f"{a} needles" for a in arms
-        ) + " |"
+        lines.append(
+            "Tie-aware recall mean / p1 / min over rows; needles: hits/planted (gated hits/gated).\n"
+        )
+        head = (
+            "| tokens | keys | "
+            + " | ".join(f"{a} recall" for a in arms)
+            + " | loss bf16/fp8 | "
+            + " | ".join(f"{a} needles" for a in arms)
+            + " |"
+        )
         lines.append(head)
         lines.append("|" + "---|" * (3 + 2 * len(arms)))
         lengths = sorted({int(e["length_tokens"]) for e in per_length if int(e["topk"]) == topk})
@@ -205,7 +226,9 @@ def summary_markdown(
             ents = [by.get((a, topk, n)) for a in arms]
             first = next(e for e in ents if e is not None)
             rec = " | ".join(
-                "-" if e is None else f"{_fmt(e['recall_tie']['mean'])} / {_fmt(e['recall_tie']['p1'])} / {_fmt(e['recall_tie']['min'])}"
+                "-"
+                if e is None
+                else f"{_fmt(e['recall_tie']['mean'])} / {_fmt(e['recall_tie']['p1'])} / {_fmt(e['recall_tie']['min'])}"
                 for e in ents
             )
             lb, lf = by.get(("bf16", topk, n)), by.get(("fp8", topk, n))
@@ -213,7 +236,10 @@ def summary_markdown(
             if lb is not None and lf is not None:
                 ratio = f"{_fmt(lb['loss'], 5)} / {_fmt(lf['loss'], 5)}"
             nd = " | ".join(
-                "-" if e is None else f"{e['needle_hits']}/{e['needles']} ({e['gated_hits']}/{e['gated_needles']})" for e in ents
+                "-"
+                if e is None
+                else f"{e['needle_hits']}/{e['needles']} ({e['gated_hits']}/{e['gated_needles']})"
+                for e in ents
             )
             keys = first.get("n_keys_max", "")
             lines.append(f"| {n:,} | {keys} | {rec} | {ratio} | {nd} |")
@@ -228,7 +254,9 @@ def summary_markdown(
     for d in depths:
         vals = [byd.get((a, t, d)) for t in topks for a in arms]
         lines.append(
-            f"| {depth_label(d)} | " + " | ".join("-" if e is None else _fmt(e["recall_tie"]["mean"]) for e in vals) + " |"
+            f"| {depth_label(d)} | "
+            + " | ".join("-" if e is None else _fmt(e["recall_tie"]["mean"]) for e in vals)
+            + " |"
         )
     lines.append("")
     lines.append("## Paths used\n")
@@ -251,7 +279,9 @@ def _mean(e: Mapping[str, Any] | None, metric: str) -> object:
     return m["mean"] if isinstance(m, dict) else None
 
 
-def oracle_table(by: Mapping[tuple, Mapping[str, Any]], arms: Sequence[str], topk: int, lengths: Sequence[int]) -> list[str]:
+def oracle_table(
+    by: Mapping[tuple, Mapping[str, Any]], arms: Sequence[str], topk: int, lengths: Sequence[int]
+) -> list[str]:
     """Per length, each arm's mean tie-aware recall against each oracle, and (where the records
     carry the reference oracle) the reference's own selection against the other two."""
     has_ref = any(_mean(by.get((a, topk, n)), "recall_tie_ref") is not None for a in arms for n in lengths)
@@ -266,7 +296,9 @@ def oracle_table(by: Mapping[tuple, Mapping[str, Any]], arms: Sequence[str], top
         cells = [" / ".join(_fmt(_mean(by.get((a, topk, n)), m)) for m in metrics) for a in arms]
         if has_ref:
             first = next((by[(a, topk, n)] for a in arms if (a, topk, n) in by), None)
-            cells.append(f"{_fmt(_mean(first, 'ref_recall_tie'))} / {_fmt(_mean(first, 'ref_recall_tie_unq'))} / 1")
+            cells.append(
+                f"{_fmt(_mean(first, 'ref_recall_tie'))} / {_fmt(_mean(first, 'ref_recall_tie_unq'))} / 1"
+            )
         lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
     return [*lines, "", ORACLES_NOTE, ""]
 
@@ -291,7 +323,9 @@ def replot(out: Path) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m verify.recall.report", description="redraw heatmap_<arm>.png from results.json")
+    ap = argparse.ArgumentParser(
+        prog="python -m verify.recall.report", description="redraw heatmap_<arm>.png from results.json"
+    )
     ap.add_argument("out", type=Path)
     files = replot(ap.parse_args(argv).out)
     print("\n".join(files) if files else "matplotlib is not installed: no heatmaps drawn")

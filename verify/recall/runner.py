@@ -44,8 +44,16 @@ from verify.core.scoring import SlotKeys, grouped_row_logits, torch_select
 from .backend import Backend, EmulationBackend, QueryInputs
 from .generator import Problem
 
-ARM_FORMAT: dict[str, str] = {"bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "fp4sim": "bf16", "fp8_emul": "fp8",
-                              "bf16q": "bf16", "int8sim": "f32", "fp8b32sim": "bf16"}
+ARM_FORMAT: dict[str, str] = {
+    "bf16": "bf16",
+    "fp8": "fp8",
+    "fp4": "fp4",
+    "fp4sim": "bf16",
+    "fp8_emul": "fp8",
+    "bf16q": "bf16",
+    "int8sim": "f32",
+    "fp8b32sim": "bf16",
+}
 BASE_ARMS = ("bf16", "fp8", "fp4", "fp4sim", "bf16q", "int8sim", "fp8b32sim")
 #: arms scored with a q made from the unquantized one instead of the production fp8 q
 UNQ_Q_ARMS = ("bf16q", "fp4")
@@ -74,7 +82,9 @@ def arm_keys(arm: str, keys: torch.Tensor) -> torch.Tensor:
     return sim(keys) if sim is not None else keys
 
 
-def arm_query(arm: str, q_fp8: torch.Tensor, w: torch.Tensor, qi: QueryInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def arm_query(
+    arm: str, q_fp8: torch.Tensor, w: torch.Tensor, qi: QueryInputs
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The q and head weights ``arm`` is scored with: the production fp8 q with its folded
     weights, or (``UNQ_Q_ARMS``) a q made from the unquantized one with the plain weights."""
     if arm not in UNQ_Q_ARMS:
@@ -169,7 +179,8 @@ def run_problem(
         oracle_unq = grouped_row_logits(ref, qi.q_rot, w_unq, qidx, pt, seq) if has_unq else None
         oracle_ref, ref_sel = (
             reference.select(qi.q_rot, w_unq, qidx, pt, seq, problem.topk[rows])
-            if reference is not None else (None, None)
+            if reference is not None
+            else (None, None)
         )
         sync(oracle.device)
         t_oracle += time.perf_counter() - t1
@@ -187,7 +198,8 @@ def run_problem(
             o_sub = oracle[sub]
             needle = problem.needle_pos[r_ids]
             sels = {
-                arm: _ops(arm, backend, control).select(logits[arm][sub], seq[sub], pt[sub], topk) for arm in arms
+                arm: _ops(arm, backend, control).select(logits[arm][sub], seq[sub], pt[sub], topk)
+                for arm in arms
             }
             q_quant = ref_same = ref_unq = None
             if oracle_unq is not None:
@@ -201,10 +213,14 @@ def run_problem(
             for arm in arms:
                 m = row_metrics(o_sub, seq[sub], topk, sels[arm], needle)
                 if oracle_unq is not None:
-                    m["recall_tie_unq"] = row_metrics(oracle_unq[sub], seq[sub], topk, sels[arm])["recall_tie"]
+                    m["recall_tie_unq"] = row_metrics(oracle_unq[sub], seq[sub], topk, sels[arm])[
+                        "recall_tie"
+                    ]
                     m["q_quant_recall"] = q_quant
                 if oracle_ref is not None:
-                    m["recall_tie_ref"] = row_metrics(oracle_ref[sub], seq[sub], topk, sels[arm])["recall_tie"]
+                    m["recall_tie_ref"] = row_metrics(oracle_ref[sub], seq[sub], topk, sels[arm])[
+                        "recall_tie"
+                    ]
                     m["ref_recall_tie"] = ref_same
                     m["ref_recall_tie_unq"] = ref_unq
                 if bf16_sel is not None:

@@ -53,16 +53,20 @@ def tilelang_sources(split_kv: int = 4) -> dict[str, str]:
     saved_flag = tk.pass_configs.get(key)
     out: dict[str, str] = {}
     try:
-        for name, target, no_wgmma in (("sm_120", TARGETS["sm_120"], False), ("sm_90a", TARGETS["sm_90a"], False),
-                                       ("sm_90a+TL_DISABLE_WGMMA", TARGETS["sm_90a"], True)):
+        for name, target, no_wgmma in (
+            ("sm_120", TARGETS["sm_120"], False),
+            ("sm_90a", TARGETS["sm_90a"], False),
+            ("sm_90a+TL_DISABLE_WGMMA", TARGETS["sm_90a"], True),
+        ):
             os.environ["TILELANG_DEFAULT_TARGET"] = target
             if no_wgmma:
                 tk.pass_configs[key] = True
             else:
                 tk.pass_configs.pop(key, None)
             tk.fp8_paged_mqa_logits_kernel.cache_clear()
-            kernel = tk.fp8_paged_mqa_logits_kernel(head_dim=128, num_heads=64, block_size=64, clear_accum=False,
-                                                     split_kv=split_kv)
+            kernel = tk.fp8_paged_mqa_logits_kernel(
+                head_dim=128, num_heads=64, block_size=64, clear_accum=False, split_kv=split_kv
+            )
             out[name] = kernel.get_kernel_source(*_kernel_args())
     finally:
         if saved_target is None:
@@ -108,13 +112,33 @@ C4_JIT_SOURCES = {
 # the macros upstream's loader injects (SGL_CUDA_ARCH) and what utils.cuh derives from them,
 # as each architecture's build sees them (CUDA 13 nvcc)
 ARCH_MACROS = {
-    "sm_90a": {"SGL_CUDA_ARCH": 900, "__CUDA_ARCH__": 900, "SGL_ARCH_HOPPER_OR_GREATER": 1,
-               "SGL_ARCH_BLACKWELL_OR_GREATER": 0, "CUDA_VERSION": 13000, "CUDART_VERSION": 13000, "kMaxVecBytes": 16},
-    "sm_120f": {"SGL_CUDA_ARCH": 1200, "__CUDA_ARCH__": 1200, "SGL_ARCH_HOPPER_OR_GREATER": 1,
-                "SGL_ARCH_BLACKWELL_OR_GREATER": 1, "CUDA_VERSION": 13000, "CUDART_VERSION": 13000, "kMaxVecBytes": 32},
+    "sm_90a": {
+        "SGL_CUDA_ARCH": 900,
+        "__CUDA_ARCH__": 900,
+        "SGL_ARCH_HOPPER_OR_GREATER": 1,
+        "SGL_ARCH_BLACKWELL_OR_GREATER": 0,
+        "CUDA_VERSION": 13000,
+        "CUDART_VERSION": 13000,
+        "kMaxVecBytes": 16,
+    },
+    "sm_120f": {
+        "SGL_CUDA_ARCH": 1200,
+        "__CUDA_ARCH__": 1200,
+        "SGL_ARCH_HOPPER_OR_GREATER": 1,
+        "SGL_ARCH_BLACKWELL_OR_GREATER": 1,
+        "CUDA_VERSION": 13000,
+        "CUDART_VERSION": 13000,
+        "kMaxVecBytes": 32,
+    },
 }
-_ARCH_WORDS = ("SGL_CUDA_ARCH", "__CUDA_ARCH__", "SGL_ARCH_HOPPER_OR_GREATER", "SGL_ARCH_BLACKWELL_OR_GREATER",
-               "kMaxVecBytes", "SUPPORT_CLUSTER")
+_ARCH_WORDS = (
+    "SGL_CUDA_ARCH",
+    "__CUDA_ARCH__",
+    "SGL_ARCH_HOPPER_OR_GREATER",
+    "SGL_ARCH_BLACKWELL_OR_GREATER",
+    "kMaxVecBytes",
+    "SUPPORT_CLUSTER",
+)
 
 
 def _include_closure(root: Any, first: str) -> list[Any]:
@@ -170,8 +194,11 @@ def arch_dependent_lines(root: Any, source: str) -> list[dict[str, Any]]:
             elif stripped.startswith("#define"):
                 entry["differs"] = "BLACKWELL" in stripped or "kMaxVecBytes" in stripped
             else:
-                entry["differs"] = ("kMaxVecBytes" in stripped or "MAX_GMEM" in stripped
-                                    or "SGL_ARCH_BLACKWELL_OR_GREATER" in stripped)
+                entry["differs"] = (
+                    "kMaxVecBytes" in stripped
+                    or "MAX_GMEM" in stripped
+                    or "SGL_ARCH_BLACKWELL_OR_GREATER" in stripped
+                )
             out.append(entry)
     return out
 
@@ -199,15 +226,22 @@ def jit_report(root: Any) -> dict[str, Any]:
 C4_JIT_BUILDS = {
     "fp8 index-K store (fused_norm_rope_v2)": (
         "sglang.kernels.ops.attention.dsv4.compress",
-        "_jit_compress_norm_rope_module(torch.float32, 128, 64, 64, False, KVLayout.V4)"),
-    "c4 compressor (c4_v2)": ("sglang.kernels.ops.attention.dsv4.compress",
-                              "_jit_compress_module(128, torch.float32, torch.float32, torch.float32, 4)"),
-    "q quantisation (main_norm_rope)": ("sglang.kernels.ops.attention.dsv4.elementwise",
-                                        "_jit_main_q_indexer_rope_hadamard_quant_module(torch.bfloat16)"),
+        "_jit_compress_norm_rope_module(torch.float32, 128, 64, 64, False, KVLayout.V4)",
+    ),
+    "c4 compressor (c4_v2)": (
+        "sglang.kernels.ops.attention.dsv4.compress",
+        "_jit_compress_module(128, torch.float32, torch.float32, torch.float32, 4)",
+    ),
+    "q quantisation (main_norm_rope)": (
+        "sglang.kernels.ops.attention.dsv4.elementwise",
+        "_jit_main_q_indexer_rope_hadamard_quant_module(torch.bfloat16)",
+    ),
     "top-k v1": ("sglang.kernels.ops.attention.dsv4.topk", "_jit_topk_v1_module()"),
 }
 TARGETS_JIT = {"sm_90a": (9, 0, "a"), "sm_120f": (12, 0, "f"), "sm_90a+sm120-macros": (9, 0, "a")}
-BLACKWELL_DEFINE = "#define SGL_ARCH_BLACKWELL_OR_GREATER ((SGL_CUDA_ARCH >= 1000) && (CUDA_VERSION >= 12090))"
+BLACKWELL_DEFINE = (
+    "#define SGL_ARCH_BLACKWELL_OR_GREATER ((SGL_CUDA_ARCH >= 1000) && (CUDA_VERSION >= 12090))"
+)
 
 
 def _shadow_utils(keep: str) -> str:
@@ -226,7 +260,8 @@ def _shadow_utils(keep: str) -> str:
     shadow = Path(keep) / "shadow"
     (shadow / "sgl_kernel").mkdir(parents=True, exist_ok=True)
     (shadow / "sgl_kernel/utils.cuh").write_text(
-        text.replace(BLACKWELL_DEFINE, "#define SGL_ARCH_BLACKWELL_OR_GREATER 1  // bf16k: sm_120's value"))
+        text.replace(BLACKWELL_DEFINE, "#define SGL_ARCH_BLACKWELL_OR_GREATER 1  // bf16k: sm_120's value")
+    )
     return str(shadow)
 
 
@@ -258,9 +293,17 @@ def compile_kernel(kernel: str, target: str, workdir: Any) -> Any:
 
     keep = Path(workdir) / f"{abs(hash(kernel)) % 10**8}-{target}"
     keep.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, SGLANG_JIT_CACHE_DIR=str(keep / "cache"), CUDA_HOME=os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-    code = f"from verify.recall.sm120 import _worker_build; _worker_build({kernel!r}, {target!r}, {str(keep)!r})"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900, check=False)
+    env = dict(
+        os.environ,
+        SGLANG_JIT_CACHE_DIR=str(keep / "cache"),
+        CUDA_HOME=os.environ.get("CUDA_HOME", "/usr/local/cuda"),
+    )
+    code = (
+        f"from verify.recall.sm120 import _worker_build; _worker_build({kernel!r}, {target!r}, {str(keep)!r})"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900, check=False
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"building {kernel} for {target} failed:\n{proc.stderr[-3000:]}")
     return keep
@@ -299,8 +342,13 @@ def ptxas_usage(ptx_path: Any, target: str) -> list[dict[str, Any]]:
     import subprocess
 
     ptxas = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ptxas")
-    proc = subprocess.run([ptxas, f"-arch={target}", "-v", str(ptx_path), "-o", os.devnull],
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [ptxas, f"-arch={target}", "-v", str(ptx_path), "-o", os.devnull],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     out: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
     for line in (proc.stderr + proc.stdout).splitlines():
@@ -309,8 +357,12 @@ def ptxas_usage(ptx_path: Any, target: str) -> list[dict[str, Any]]:
             current = {"kernel": m.group(1), "smem_bytes": 0, "spill_stores": 0, "spill_loads": 0}
             out.append(current)
         elif current is not None:
-            for key, pat in (("registers", r"Used (\d+) registers"), ("smem_bytes", r"(\d+) bytes smem"),
-                             ("spill_stores", r"(\d+) bytes spill stores"), ("spill_loads", r"(\d+) bytes spill loads")):
+            for key, pat in (
+                ("registers", r"Used (\d+) registers"),
+                ("smem_bytes", r"(\d+) bytes smem"),
+                ("spill_stores", r"(\d+) bytes spill stores"),
+                ("spill_loads", r"(\d+) bytes spill loads"),
+            ):
                 mm = re.search(pat, line)
                 if mm:
                     current[key] = int(mm.group(1))
@@ -334,9 +386,13 @@ def compare_builds(kernel: str, workdir: Any) -> dict[str, Any]:
 
     variant_same = body(next(Path(variant).glob("*.ptx"))) == body(ptx["sm_90a"])
     ops = {t: ptx_opcodes(p.read_text()) for t, p in ptx.items()}
+
     def changed(a: list[str], b: list[str]) -> list[str]:
-        return [line for line in difflib.unified_diff(a, b, lineterm="", n=0)
-                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+        return [
+            line
+            for line in difflib.unified_diff(a, b, lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))
+        ]
 
     diff = changed(src["sm_90a"], src["sm_120f"])
     # With the architecture's number written as a name, what is left are code paths the
@@ -373,34 +429,56 @@ def report_markdown(result: dict[str, Any]) -> str:
     tl = result.get("tilelang")
     if tl:
         same = tl.get("sm_120_equals_sm_90a_no_wgmma")
-        lines.append(f"- **TileLang scorer** (tilelang_fp8_paged_mqa_logits): sm_120 CUDA source "
-                     f"{'is byte-identical to' if same else 'DIFFERS from'} the sm_90a TL_DISABLE_WGMMA source "
-                     f"(sha256 {tl['sm_120']['sha256']} / {tl['sm_90a+TL_DISABLE_WGMMA']['sha256']}; mma.sync "
-                     f"{tl['sm_120']['mma_sync']}, wgmma {tl['sm_120']['wgmma']}); Hopper's default (sha256 "
-                     f"{tl['sm_90a']['sha256']}) uses wgmma {tl['sm_90a']['wgmma']}.")
+        lines.append(
+            f"- **TileLang scorer** (tilelang_fp8_paged_mqa_logits): sm_120 CUDA source "
+            f"{'is byte-identical to' if same else 'DIFFERS from'} the sm_90a TL_DISABLE_WGMMA source "
+            f"(sha256 {tl['sm_120']['sha256']} / {tl['sm_90a+TL_DISABLE_WGMMA']['sha256']}; mma.sync "
+            f"{tl['sm_120']['mma_sync']}, wgmma {tl['sm_120']['wgmma']}); Hopper's default (sha256 "
+            f"{tl['sm_90a']['sha256']}) uses wgmma {tl['sm_90a']['wgmma']}."
+        )
     elif result.get("tilelang_error"):
         lines.append(f"- TileLang scorer: not compared ({result['tilelang_error']})")
     for k in result.get("jit", []):
         if "error" in k:
             lines.append(f"- **{k['kernel']}**: not built: {k['error'][:300]}")
             continue
-        res = {t: ", ".join(f"{r.get('registers', '?')} regs / {r.get('smem_bytes', '?')} B smem / "
-                               f"{r.get('spill_stores', 0)} B spill" for r in v) for t, v in k["resources"].items()}
+        res = {
+            t: ", ".join(
+                f"{r.get('registers', '?')} regs / {r.get('smem_bytes', '?')} B smem / "
+                f"{r.get('spill_stores', 0)} B spill"
+                for r in v
+            )
+            for t, v in k["resources"].items()
+        }
         asm = k.get("code_path_asm", {})
         emitted = [m for m, a in asm.items() if a["emitted"]]
-        paths = ("the same code paths" if not k["code_path_diff"] else
-                 f"{len(k['code_path_diff'])} lines of code chosen differently by #if (inline asm "
-                 f"{sorted(asm) or 'none'}; emitted in the PTX: {emitted or 'none'})")
-        consts = [line for line in k["arch_valued_lines"] if "static_assert" not in line and "ARCH mismatch" not in line]
-        src = (f"{paths}; arch-valued constants: {consts[:3] or 'none besides the arch static_assert'}")
-        variant = ("sm_120's macro choices built for sm_90 give byte-identical PTX"
-                   if k.get("sm120_macros_on_sm90_same_ptx") else "sm_120's macro choices built for sm_90 give DIFFERENT PTX")
-        lines.append(f"- **{k['kernel']}**: {src}; {variant}; PTX instructions only on sm_90a {k['ptx_ops_only_in']['sm_90a'][:8]}, "
-                     f"only on sm_120f {k['ptx_ops_only_in']['sm_120f'][:8]}; ptxas sm_90a: {res['sm_90a']}; "
-                     f"sm_120f: {res['sm_120f']}")
+        paths = (
+            "the same code paths"
+            if not k["code_path_diff"]
+            else f"{len(k['code_path_diff'])} lines of code chosen differently by #if (inline asm "
+            f"{sorted(asm) or 'none'}; emitted in the PTX: {emitted or 'none'})"
+        )
+        consts = [
+            line
+            for line in k["arch_valued_lines"]
+            if "static_assert" not in line and "ARCH mismatch" not in line
+        ]
+        src = f"{paths}; arch-valued constants: {consts[:3] or 'none besides the arch static_assert'}"
+        variant = (
+            "sm_120's macro choices built for sm_90 give byte-identical PTX"
+            if k.get("sm120_macros_on_sm90_same_ptx")
+            else "sm_120's macro choices built for sm_90 give DIFFERENT PTX"
+        )
+        lines.append(
+            f"- **{k['kernel']}**: {src}; {variant}; PTX instructions only on sm_90a {k['ptx_ops_only_in']['sm_90a'][:8]}, "
+            f"only on sm_120f {k['ptx_ops_only_in']['sm_120f'][:8]}; ptxas sm_90a: {res['sm_90a']}; "
+            f"sm_120f: {res['sm_120f']}"
+        )
     lines.append("")
-    lines.append("Same source means sm_120's differences are the compiler's code generation and the hardware "
-                 "executing it: only an sm_120 GPU can run those binaries.")
+    lines.append(
+        "Same source means sm_120's differences are the compiler's code generation and the hardware "
+        "executing it: only an sm_120 GPU can run those binaries."
+    )
     return "\n".join(lines) + "\n"
 
 

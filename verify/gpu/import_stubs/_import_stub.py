@@ -32,7 +32,9 @@ class _Missing:
         return (object,)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{self._name} is not installed here (import-time stub, see verify/gpu/import_stubs)")
+        raise RuntimeError(
+            f"{self._name} is not installed here (import-time stub, see verify/gpu/import_stubs)"
+        )
 
 
 def _module_getattr(prefix: str):
@@ -50,7 +52,9 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname.startswith(self.prefix + "."):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
