@@ -133,8 +133,16 @@ def test_a_signal_reports_what_was_measured_and_the_rerun_resumes_exactly(
     args = sweep_args([1024, 3000, 4000], (0, 50, 100))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "verify.live", "--server", srv.url, "--out", str(tmp_path), *FAST, *args]
+    # A shell starts background jobs with SIGINT ignored, and Python then installs no Ctrl-C
+    # handler: give the run the disposition of a terminal's foreground command.
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         path = tmp_path / "requests.jsonl"
