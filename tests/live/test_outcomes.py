@@ -133,17 +133,16 @@ def test_a_signal_reports_what_was_measured_and_the_rerun_resumes_exactly(
     args = sweep_args([1024, 3000, 4000], (0, 50, 100))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "verify.live", "--server", srv.url, "--out", str(tmp_path), *FAST, *args]
-    # A shell starts background jobs with SIGINT ignored, and Python then installs no Ctrl-C
-    # handler: give the run the disposition of a terminal's foreground command.
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    # A shell starts background jobs with SIGINT ignored, an ignored signal stays ignored across
+    # exec, and Python then installs no Ctrl-C handler. A caught one is reset to its default, so
+    # the run starts as a terminal's foreground command does.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         path = tmp_path / "requests.jsonl"
         deadline = time.monotonic() + 60
