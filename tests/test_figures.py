@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -211,3 +213,25 @@ def test_what_session_8_says_about_the_grouped_config_holds_in_its_artifacts() -
     by_profile = {r["profile"]: set(r["bf16_launches"]) for r in verify_steps}
     assert by_profile == {"sm90": {"group_rows=4 stages=3"}, "sm120": {"group_rows=4 stages=2"}}
     assert all(r["status"] == "pass" for r in run["steps"])
+
+
+def test_the_pr_evidence_blocks_render_without_torch() -> None:
+    """`nox -s pr_drafts` runs where torch is not installed (CI's tooling venv): every block it
+    renders there must import nothing that needs torch."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from pathlib import Path\n"
+        "from bf16k import previdence\n"
+        "kinds = [k for k in previdence.BLOCKS if k not in previdence.NEEDS_TORCH]\n"
+        "out = previdence._render_here(Path(sys.argv[1]), kinds)\n"
+        "assert 'reference oracle' in out['recall'], out['recall'][:300]\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]

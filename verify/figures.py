@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from verify.core.oracles import ORACLES_NOTE
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "verify/results"
 H200 = f"{RESULTS}/h200"
@@ -145,8 +147,6 @@ def _tier2(root: Path, rel: str, command: str) -> str:
             " (reported, not gating)."
         )
     if ref:
-        from verify.recall.report import ORACLES_NOTE
-
         out += ["", ORACLES_NOTE]
     return "\n".join(out) + "\n"
 

@@ -6,6 +6,7 @@ from each other; nothing here imports a tier.
   calls, read off upstream's own forward.
 - ``formats``, ``scoring``, ``metrics``, ``deepseek_reference``: the index-K formats' emulation,
   the scorers' reference math with ``calc_diff``, the recall metrics, DeepSeek's reference numerics.
+- ``oracles``: what the recall oracles mean, the sentence every report shares (no torch).
 - ``read_reference``, ``store_cases``, ``store_layout``, ``store_reference``, ``store_driver``: the
   read and store cases the tiers and the bench build, and their reference math.
 - ``fp8_twin``: the Triton fp8 twin of the bf16 kernel; ``forward_runs``: forward-tier runs read

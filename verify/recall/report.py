@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from verify.core.metrics import aggregate
+from verify.core.oracles import ORACLES_NOTE
 
 from .gate import GateResult
 
@@ -265,13 +266,6 @@ def summary_markdown(
     lines.append("")
     lines.append("Files: " + ", ".join(f"`{f}`" for f in files) + "\n")
     return "\n".join(lines)
-
-
-ORACLES_NOTE = (
-    "None of these is model quality: each oracle says which keys a scorer keeps -- with exact arithmetic "
-    "on the production fp8 q (same-q) or on the unquantized q (exact-q), or with the numerics DeepSeek's "
-    "reference runs and trained the indexer with (reference: fp4 q x fp4 k in a bf16 container)."
-)
 
 
 def _mean(e: Mapping[str, Any] | None, metric: str) -> object:
